@@ -1,0 +1,27 @@
+# The README's two commands, and the steps they are made of.
+#   make demo   installs what is missing, builds, trains Fashion-MNIST in bf16, prints accuracy
+#   make test   installs what is missing, builds everything, runs every test
+JOBS ?= $(shell nproc)
+DEMO_FLAGS ?= --bf16 --num_train_epochs 1 --learning_rate 2e-3 --per_device_train_batch_size 64 \
+              --logging_steps 100 --output_dir build/demo-output
+
+.PHONY: all bootstrap configure build test demo clean
+all: build
+
+bootstrap:
+	scripts/bootstrap
+
+configure: bootstrap
+	cmake --preset default
+
+build: configure
+	cmake --build --preset default -j $(JOBS)
+
+test: build
+	ctest --preset default -j $(JOBS)
+
+demo: build
+	build/examples/fashion_mnist $(DEMO_FLAGS)
+
+clean:
+	rm -rf build

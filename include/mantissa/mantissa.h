@@ -1,0 +1,12 @@
+#pragma once
+
+/// The umbrella header: everything mantissa offers. Include the single headers instead to
+/// keep compile times down.
+#include <mantissa/version.h>
+#include <mantissa/arg.h>
+#include <mantissa/training_arguments.h>
+#include <mantissa/amp/autocast.h>
+#include <mantissa/amp/tf32_guard.h>
+#include <mantissa/amp/unscale.h>
+#include <mantissa/amp/supports_amp_scaling.h>
+#include <mantissa/amp/grad_scaler.h>
