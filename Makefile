@@ -3,7 +3,8 @@
 #   make test   installs what is missing, builds everything, runs every test
 JOBS ?= $(shell nproc)
 DEMO_FLAGS ?= --bf16 --num_train_epochs 1 --learning_rate 2e-3 --per_device_train_batch_size 64 \
-              --logging_steps 100 --output_dir build/demo-output
+              --per_device_eval_batch_size 1000 \
+              --logging_steps 100 --output_dir build/demo-output --overwrite_output_dir
 
 .PHONY: all bootstrap configure build test demo clean
 all: build

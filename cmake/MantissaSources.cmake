@@ -9,17 +9,46 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/amp/unscale.h
   include/mantissa/amp/supports_amp_scaling.h
   include/mantissa/amp/grad_scaler.h
+  include/mantissa/amp/master_weights.h
+  include/mantissa/optim/fused_adamw.h
+  include/mantissa/io/safetensors.h
+  include/mantissa/io/filesystem.h
+  include/mantissa/lr_scheduler.h
+  include/mantissa/clip_grad.h
+  include/mantissa/trainer_callback.h
+  include/mantissa/trainer.h
 )
 set(MANTISSA_CXX_SOURCES
   src/training_arguments.cpp
   src/amp/tf32_guard.cpp
   src/amp/unscale.cpp
   src/amp/grad_scaler.cpp
+  src/amp/master_weights.cpp
+  src/optim/fused_adamw.cpp
   src/io/atomic_file.cpp
+  src/io/safetensors.cpp
+  src/io/filesystem.cpp
+  src/io/torch_save.cpp
+  src/lr_scheduler.cpp
+  src/clip_grad.cpp
+  src/trainer/trainer_state.cpp
+  src/trainer/precision_plan.cpp
+  src/trainer/progress.cpp
+  src/trainer/checkpoint.cpp
+  src/trainer/trainer.cpp
+)
+# CPU kernels compiled once per instruction set with their own flags, and without the PCH
+# (cmake/MantissaCpuKernels.cmake); the library picks one at run time.
+set(MANTISSA_CPU_KERNEL_SOURCES
+  src/optim/fused_adamw_cpu_default.cpp
+  src/optim/fused_adamw_cpu_avx2.cpp
+  src/optim/fused_adamw_cpu_avx512.cpp
 )
 set(MANTISSA_CUDA_SOURCES
   src/amp/unscale_cuda.cu
+  src/optim/fused_adamw_cuda.cu
 )
 list(TRANSFORM MANTISSA_PUBLIC_HEADERS PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CXX_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
+list(TRANSFORM MANTISSA_CPU_KERNEL_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CUDA_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")

@@ -10,3 +10,11 @@
 #include <mantissa/amp/unscale.h>
 #include <mantissa/amp/supports_amp_scaling.h>
 #include <mantissa/amp/grad_scaler.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/optim/fused_adamw.h>
+#include <mantissa/io/safetensors.h>
+#include <mantissa/io/filesystem.h>
+#include <mantissa/lr_scheduler.h>
+#include <mantissa/clip_grad.h>
+#include <mantissa/trainer_callback.h>
+#include <mantissa/trainer.h>

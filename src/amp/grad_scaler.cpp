@@ -13,6 +13,7 @@
 #include <mantissa/amp/unscale.h>
 
 #include "io/atomic_file.h"
+#include "io/torch_save.h"
 
 namespace mantissa::amp {
 namespace {
@@ -429,7 +430,8 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
 }
 
 void GradScaler::save(const std::string& path) const {
-  const auto bytes = torch::pickle_save(c10::IValue(state_dict()));
+  // torch.save's format without TorchScript's type tags, so torch.load(weights_only=True) reads it.
+  const auto bytes = io::torch_save_bytes(c10::IValue(state_dict()));
   io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
 }
 

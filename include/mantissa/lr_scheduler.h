@@ -1,0 +1,119 @@
+#pragma once
+// Hugging Face's learning-rate schedules (transformers.optimization) driven like PyTorch's
+// torch.optim.lr_scheduler.LambdaLR.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+namespace mantissa {
+
+/// The multiplier of the base learning rate at `step` for the Hugging Face schedule `type`:
+///
+/// - "constant": 1 (`get_constant_schedule`);
+/// - "constant_with_warmup": `step / max(1, warmup)` during warmup, then 1
+///   (`get_constant_schedule_with_warmup`);
+/// - "linear": warmup, then `max(0, (total - step) / max(1, total - warmup))`
+///   (`get_linear_schedule_with_warmup`);
+/// - "cosine": warmup, then `max(0, 0.5 * (1 + cos(pi * 0.5 * 2 * progress)))` with
+///   `progress = (step - warmup) / max(1, total - warmup)` (`get_cosine_schedule_with_warmup`,
+///   `num_cycles=0.5`).
+///
+/// Computed with the same double operations in the same order as transformers, so the values
+/// are bit for bit those of Python. An unknown `type` throws `c10::ValueError` with HF's text
+/// "foo is not a valid SchedulerType, please select one of ['linear', 'cosine', 'constant',
+/// 'constant_with_warmup']"; a negative `warmup` or `total` throws `c10::ValueError` naming it.
+/// Pure host arithmetic.
+double schedule_factor(const std::string& type, std::int64_t step, std::int64_t num_warmup_steps,
+                       std::int64_t num_training_steps);
+
+/// A learning-rate scheduler over a LibTorch optimizer: Hugging Face's `get_scheduler(type,
+/// optimizer, num_warmup_steps, num_training_steps)`, which is a
+/// `torch.optim.lr_scheduler.LambdaLR` with the lambda `schedule_factor(type, ...)`.
+///
+///     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-5));
+///     mantissa::LrScheduler scheduler(optimizer, "linear", /*num_warmup_steps=*/100, max_steps);
+///     for (...) { ...; optimizer.step(); scheduler.step(); }
+///
+/// Construction records each param group's current lr as its base lr and sets
+/// `lr = base_lr * factor(0)` (so 0 with a warmup); `last_epoch()` is then 0. Each `step()`
+/// increments `last_epoch` and sets `lr = base_lr * factor(last_epoch)`. The lr is read and
+/// written through `group.options().get_lr()` / `set_lr()`, so every LibTorch optimizer works.
+/// The scheduler keeps a pointer to the optimizer, which must outlive it. Host only: nothing
+/// here touches a device. Move-only, like an optimizer.
+class LrScheduler {
+ public:
+  /// Python: `transformers.get_scheduler(type, optimizer, num_warmup_steps, num_training_steps)`.
+  /// Throws `c10::ValueError` for an unknown `type` (HF's text, see `schedule_factor`) or a
+  /// negative step count, and `c10::Error` when the optimizer has no param groups.
+  LrScheduler(torch::optim::Optimizer& optimizer, std::string type, std::int64_t num_warmup_steps,
+              std::int64_t num_training_steps);
+
+  LrScheduler(LrScheduler&&) noexcept = default;
+  LrScheduler& operator=(LrScheduler&&) noexcept = default;
+  LrScheduler(const LrScheduler&) = delete;
+  LrScheduler& operator=(const LrScheduler&) = delete;
+  ~LrScheduler() = default;
+
+  /// Advances the schedule by one step and writes the new lr into every param group.
+  /// Python: `scheduler.step()`. Call it after `optimizer.step()`, and (as HF's Trainer does)
+  /// not after a step the GradScaler skipped.
+  void step();
+
+  /// The lr of each param group as last set by this scheduler. Python:
+  /// `scheduler.get_last_lr()`.
+  std::vector<double> get_last_lr() const { return last_lr_; }
+
+  /// The number of `step()` calls since construction (or as loaded). Python:
+  /// `scheduler.last_epoch`; HF's Trainer keeps it equal to the global step.
+  std::int64_t last_epoch() const noexcept { return last_epoch_; }
+
+  /// The lr of each param group when the scheduler was built. Python: `scheduler.base_lrs`.
+  const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
+
+  /// The schedule's name ("linear", ...), its warmup and its total steps, as constructed.
+  const std::string& type() const noexcept { return type_; }
+  std::int64_t num_warmup_steps() const noexcept { return num_warmup_steps_; }
+  std::int64_t num_training_steps() const noexcept { return num_training_steps_; }
+
+  /// Python: `scheduler.state_dict()` of HF's LambdaLR, with the same keys and types:
+  /// `base_lrs` (list of float), `last_epoch` (int), `_step_count` (int), `_is_initial`
+  /// (False), `_get_lr_called_within_step` (False), `_last_lr` (list of float) and
+  /// `lr_lambdas` (one empty dict per param group, which is what HF's `functools.partial`
+  /// lambdas save). The schedule itself (type, warmup, total) is not part of it, as in Python.
+  c10::impl::GenericDict state_dict() const;
+
+  /// Python: `scheduler.load_state_dict(state)`. Takes `base_lrs`, `last_epoch` and, when
+  /// present, `_step_count` and `_last_lr`; other keys are ignored. Like Python it does not
+  /// touch the optimizer's lr (the optimizer's own state holds it). Throws `c10::ValueError`
+  /// when a key is missing, has the wrong type, or `base_lrs` does not have one entry per param
+  /// group.
+  void load_state_dict(const c10::impl::GenericDict& state);
+
+  /// Writes `state_dict()` to `path` in `torch.save`'s format (HF's `scheduler.pt`), atomically:
+  /// a temporary file renamed over `path`, so a failed write leaves the old file intact.
+  /// Python's `torch.load(path)` reads it.
+  void save(const std::string& path) const;
+
+  /// Reads a file written by `save(path)` or by Python's
+  /// `torch.save(scheduler.state_dict(), path)` and loads it with `load_state_dict`.
+  void load(const std::string& path);
+
+ private:
+  void apply_lr();
+
+  torch::optim::Optimizer* optimizer_;
+  std::string type_;
+  std::int64_t num_warmup_steps_;
+  std::int64_t num_training_steps_;
+  std::vector<double> base_lrs_;
+  std::vector<double> last_lr_;
+  std::int64_t last_epoch_ = 0;
+  std::int64_t step_count_ = 0;
+};
+
+}  // namespace mantissa

@@ -1,0 +1,203 @@
+#include <c10/util/Exception.h>
+#include <mantissa/lr_scheduler.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+#include <utility>
+
+#include "io/atomic_file.h"
+#include "io/torch_save.h"
+
+namespace mantissa {
+namespace {
+
+enum class Schedule { kLinear, kCosine, kConstant, kConstantWithWarmup };
+
+// Python's math.pi.
+constexpr double kPi = 3.141592653589793;
+// HF's get_cosine_schedule_with_warmup default.
+constexpr double kNumCycles = 0.5;
+
+Schedule parse_schedule(const std::string& type) {
+  if (type == "linear") return Schedule::kLinear;
+  if (type == "cosine") return Schedule::kCosine;
+  if (type == "constant") return Schedule::kConstant;
+  if (type == "constant_with_warmup") return Schedule::kConstantWithWarmup;
+  TORCH_CHECK_VALUE(false, type,
+                    " is not a valid SchedulerType, please select one of ['linear', 'cosine', "
+                    "'constant', 'constant_with_warmup']");
+}
+
+void check_steps(std::int64_t num_warmup_steps, std::int64_t num_training_steps) {
+  TORCH_CHECK_VALUE(num_warmup_steps >= 0, "num_warmup_steps must be >= 0, got ", num_warmup_steps);
+  TORCH_CHECK_VALUE(num_training_steps >= 0, "num_training_steps must be >= 0, got ",
+                    num_training_steps);
+}
+
+// The lambdas of transformers/optimization.py, operation for operation.
+double factor(Schedule schedule, std::int64_t current_step, std::int64_t num_warmup_steps,
+              std::int64_t num_training_steps) {
+  switch (schedule) {
+    case Schedule::kConstant:
+      return 1.0;
+    case Schedule::kConstantWithWarmup:
+      if (current_step < num_warmup_steps) {
+        return static_cast<double>(current_step) /
+               std::max(1.0, static_cast<double>(num_warmup_steps));
+      }
+      return 1.0;
+    case Schedule::kLinear:
+      if (current_step < num_warmup_steps) {
+        return static_cast<double>(current_step) /
+               static_cast<double>(std::max<std::int64_t>(1, num_warmup_steps));
+      }
+      return std::max(0.0, static_cast<double>(num_training_steps - current_step) /
+                               static_cast<double>(std::max<std::int64_t>(
+                                   1, num_training_steps - num_warmup_steps)));
+    case Schedule::kCosine: {
+      if (current_step < num_warmup_steps) {
+        return static_cast<double>(current_step) /
+               static_cast<double>(std::max<std::int64_t>(1, num_warmup_steps));
+      }
+      const double progress =
+          static_cast<double>(current_step - num_warmup_steps) /
+          static_cast<double>(std::max<std::int64_t>(1, num_training_steps - num_warmup_steps));
+      return std::max(0.0, 0.5 * (1.0 + std::cos(kPi * kNumCycles * 2.0 * progress)));
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled schedule");
+}
+
+c10::List<double> to_list(const std::vector<double>& values) {
+  c10::List<double> list;
+  for (const double value : values) list.push_back(value);
+  return list;
+}
+
+std::vector<double> as_double_list(const c10::IValue& value, const char* key) {
+  TORCH_CHECK_VALUE(value.isList() || value.isDoubleList() || value.isIntList(),
+                    "LrScheduler state dict: '", key, "' must be a list of floats, got ",
+                    value.tagKind());
+  std::vector<double> out;
+  for (const auto& item : value.toListRef()) {
+    TORCH_CHECK_VALUE(item.isDouble() || item.isInt(), "LrScheduler state dict: '", key,
+                      "' must be a list of floats, but holds a ", item.tagKind());
+    out.push_back(item.isDouble() ? item.toDouble() : static_cast<double>(item.toInt()));
+  }
+  return out;
+}
+
+}  // namespace
+
+double schedule_factor(const std::string& type, std::int64_t step, std::int64_t num_warmup_steps,
+                       std::int64_t num_training_steps) {
+  const Schedule schedule = parse_schedule(type);
+  check_steps(num_warmup_steps, num_training_steps);
+  return factor(schedule, step, num_warmup_steps, num_training_steps);
+}
+
+LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
+                         std::int64_t num_warmup_steps, std::int64_t num_training_steps)
+    : optimizer_(&optimizer),
+      type_(std::move(type)),
+      num_warmup_steps_(num_warmup_steps),
+      num_training_steps_(num_training_steps) {
+  parse_schedule(type_);
+  check_steps(num_warmup_steps_, num_training_steps_);
+  TORCH_CHECK(!optimizer.param_groups().empty(), "LrScheduler: the optimizer has no param groups");
+  for (const auto& group : optimizer.param_groups()) base_lrs_.push_back(group.options().get_lr());
+  // LambdaLR's constructor takes the initial step: last_epoch -1 -> 0, lr = base_lr * factor(0).
+  last_epoch_ = -1;
+  step();
+}
+
+void LrScheduler::step() {
+  ++step_count_;
+  ++last_epoch_;
+  apply_lr();
+}
+
+void LrScheduler::apply_lr() {
+  const Schedule schedule = parse_schedule(type_);
+  const double f = factor(schedule, last_epoch_, num_warmup_steps_, num_training_steps_);
+  auto& groups = optimizer_->param_groups();
+  TORCH_CHECK(groups.size() == base_lrs_.size(), "LrScheduler: the optimizer has ", groups.size(),
+              " param groups but the scheduler was built for ", base_lrs_.size());
+  last_lr_.clear();
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const double lr = base_lrs_[i] * f;
+    groups[i].options().set_lr(lr);
+    last_lr_.push_back(lr);
+  }
+}
+
+c10::impl::GenericDict LrScheduler::state_dict() const {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("base_lrs", to_list(base_lrs_));
+  state.insert("last_epoch", last_epoch_);
+  state.insert("_step_count", step_count_);
+  state.insert("_is_initial", false);
+  state.insert("_get_lr_called_within_step", false);
+  state.insert("_last_lr", to_list(last_lr_));
+  c10::impl::GenericList lr_lambdas(
+      c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
+  for (std::size_t i = 0; i < base_lrs_.size(); ++i) {
+    lr_lambdas.push_back(c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  }
+  state.insert("lr_lambdas", lr_lambdas);
+  return state;
+}
+
+void LrScheduler::load_state_dict(const c10::impl::GenericDict& state) {
+  auto get = [&](const char* key) -> c10::IValue {
+    TORCH_CHECK_VALUE(state.contains(key), "LrScheduler state dict has no key '", key, "'");
+    return state.at(key);
+  };
+  auto as_int = [&](const char* key) {
+    const auto value = get(key);
+    TORCH_CHECK_VALUE(value.isInt(), "LrScheduler state dict: '", key, "' must be an int, got ",
+                      value.tagKind());
+    return value.toInt();
+  };
+  std::vector<double> base_lrs = as_double_list(get("base_lrs"), "base_lrs");
+  const std::int64_t last_epoch = as_int("last_epoch");
+  const std::size_t num_groups = optimizer_->param_groups().size();
+  TORCH_CHECK_VALUE(base_lrs.size() == num_groups, "LrScheduler state dict: 'base_lrs' has ",
+                    base_lrs.size(), " entries but the optimizer has ", num_groups,
+                    " param groups");
+  std::int64_t step_count = last_epoch + 1;
+  if (state.contains("_step_count")) step_count = as_int("_step_count");
+  std::vector<double> last_lr;
+  if (state.contains("_last_lr")) {
+    last_lr = as_double_list(state.at("_last_lr"), "_last_lr");
+    TORCH_CHECK_VALUE(last_lr.size() == num_groups, "LrScheduler state dict: '_last_lr' has ",
+                      last_lr.size(), " entries but the optimizer has ", num_groups,
+                      " param groups");
+  } else {
+    const double f =
+        factor(parse_schedule(type_), last_epoch, num_warmup_steps_, num_training_steps_);
+    for (const double base_lr : base_lrs) last_lr.push_back(base_lr * f);
+  }
+  base_lrs_ = std::move(base_lrs);
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  last_lr_ = std::move(last_lr);
+}
+
+void LrScheduler::save(const std::string& path) const {
+  // Not torch::pickle_save: its type tags make Python's torch.load(weights_only=True) refuse
+  // the file, and HF's Trainer loads scheduler.pt that way.
+  const auto bytes = io::torch_save_bytes(c10::IValue(state_dict()));
+  io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+void LrScheduler::load(const std::string& path) {
+  const auto value = torch::pickle_load(io::read_file(path));
+  TORCH_CHECK_VALUE(value.isGenericDict(), "'", path,
+                    "' does not hold an LrScheduler state dict, but a ", value.tagKind());
+  load_state_dict(value.toGenericDict());
+}
+
+}  // namespace mantissa

@@ -1,0 +1,478 @@
+// FusedAdamW: torch::optim::AdamW's arithmetic in one pass per tensor (kernels in
+// fused_adamw_cpu_kernel.inc and fused_adamw_cuda.cu), plus an ATen fallback for what the
+// kernels do not cover.
+#include <mantissa/optim/fused_adamw.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/Version.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include "optim/fused_adamw_kernels.h"
+
+namespace mantissa::optim {
+
+// ---- options and state ----------------------------------------------------------------
+
+FusedAdamWOptions::FusedAdamWOptions(double lr) : lr_(lr) {}
+
+bool operator==(const FusedAdamWOptions& lhs, const FusedAdamWOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
+         lhs.maximize() == rhs.maximize();
+}
+
+void FusedAdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  // torch::optim::AdamWOptions' keys, so that AdamW reads them; `maximize` is ours.
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("betas", c10::IValue(betas()));
+  archive.write("eps", c10::IValue(eps()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  archive.write("amsgrad", c10::IValue(amsgrad()));
+  archive.write("maximize", c10::IValue(maximize()));
+}
+
+void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  auto read = [&](const char* key) {
+    c10::IValue value;
+    TORCH_CHECK_VALUE(archive.try_read(key, value), "FusedAdamW options: the archive has no '", key,
+                      "'");
+    return value;
+  };
+  lr(read("lr").toDouble());
+  betas(read("betas").to<betas_t>());
+  eps(read("eps").toDouble());
+  weight_decay(read("weight_decay").toDouble());
+  amsgrad(read("amsgrad").toBool());
+  c10::IValue value;
+  maximize(archive.try_read("maximize", value) ? value.toBool() : false);  // absent in AdamW's
+}
+
+double FusedAdamWOptions::get_lr() const { return lr(); }
+void FusedAdamWOptions::set_lr(const double lr) { this->lr(lr); }
+
+void FusedAdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  const std::int64_t steps = step().defined() ? static_cast<std::int64_t>(step().item<double>()) : 0;
+  archive.write("step", c10::IValue(steps));
+  if (exp_avg().defined()) archive.write("exp_avg", exp_avg());
+  if (exp_avg_sq().defined()) archive.write("exp_avg_sq", exp_avg_sq());
+  if (max_exp_avg_sq().defined()) archive.write("max_exp_avg_sq", max_exp_avg_sq());
+}
+
+void FusedAdamWParamState::serialize(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  if (archive.try_read("step", value)) {
+    if (value.isTensor()) {
+      step(value.toTensor().detach().to(at::kFloat).reshape({}).clone());
+    } else {
+      step(at::full({}, value.isInt() ? static_cast<double>(value.toInt()) : value.toDouble(),
+                    at::kFloat));
+    }
+  }
+  for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+    c10::IValue tensor;
+    if (!archive.try_read(key, tensor)) continue;
+    const auto& t = tensor.toTensor();
+    if (std::strcmp(key, "exp_avg") == 0) {
+      exp_avg(t);
+    } else if (std::strcmp(key, "exp_avg_sq") == 0) {
+      exp_avg_sq(t);
+    } else {
+      max_exp_avg_sq(t);
+    }
+  }
+}
+
+// ---- construction ---------------------------------------------------------------------
+
+namespace {
+
+void check_options(const FusedAdamWOptions& options) {
+  TORCH_CHECK_VALUE(options.lr() >= 0, "Invalid learning rate: ", options.lr());
+  TORCH_CHECK_VALUE(options.eps() >= 0, "Invalid epsilon value: ", options.eps());
+  const auto [beta1, beta2] = options.betas();
+  TORCH_CHECK_VALUE(0 <= beta1 && beta1 < 1.0, "Invalid beta parameter at index 0: ", beta1);
+  TORCH_CHECK_VALUE(0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
+  TORCH_CHECK_VALUE(options.weight_decay() >= 0, "Invalid weight_decay value: ",
+                    options.weight_decay());
+}
+
+bool kernel_dtype(c10::ScalarType dtype, detail::KernelDtype* out) {
+  switch (dtype) {
+    case at::kFloat: *out = detail::KernelDtype::kFloat; return true;
+    case at::kBFloat16: *out = detail::KernelDtype::kBFloat16; return true;
+    case at::kHalf: *out = detail::KernelDtype::kHalf; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       FusedAdamWOptions defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<FusedAdamWOptions>(defaults)) {
+  check_options(defaults);
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    check_options(static_cast<const FusedAdamWOptions&>(param_groups_[g].options()));
+    const auto& params = param_groups_[g].params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto dtype = params[i].scalar_type();
+      TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf ||
+                            dtype == at::kDouble,
+                        "FusedAdamW supports float32, bfloat16, float16 and float64 parameters; "
+                        "parameter ", i, " of group ", g, " is ", dtype);
+    }
+  }
+}
+
+FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
+    : FusedAdamW(std::vector<torch::optim::OptimizerParamGroup>{
+                     torch::optim::OptimizerParamGroup(std::move(params))},
+                 std::move(defaults)) {}
+
+FusedAdamW::FusedAdamW(const mantissa::amp::MasterWeights& masters, FusedAdamWOptions defaults)
+    : FusedAdamW(masters.master_params(), std::move(defaults)) {
+  link_model_params(masters);
+}
+
+void FusedAdamW::link_model_params(const mantissa::amp::MasterWeights& masters) {
+  link_model_params(masters.master_params(), masters.model_params());
+}
+
+void FusedAdamW::link_model_params(const std::vector<at::Tensor>& params,
+                                   const std::vector<at::Tensor>& model_params) {
+  TORCH_CHECK_VALUE(params.size() == model_params.size(), "FusedAdamW::link_model_params: ",
+                    params.size(), " params but ", model_params.size(), " model params");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& param = params[i];
+    const auto& model = model_params[i];
+    TORCH_CHECK_VALUE(param.defined() && model.defined(), "FusedAdamW::link_model_params: pair ", i,
+                      " holds an undefined tensor");
+    if (param.is_same(model)) continue;
+    TORCH_CHECK_VALUE(param.scalar_type() == at::kFloat, "FusedAdamW::link_model_params: param ", i,
+                      " must be float32 (a master), got ", param.scalar_type());
+    TORCH_CHECK_VALUE(amp::is_low_precision(model.scalar_type()),
+                      "FusedAdamW::link_model_params: model param ", i,
+                      " must be bfloat16 or float16, got ", model.scalar_type());
+    TORCH_CHECK_VALUE(param.sizes() == model.sizes() && param.device() == model.device(),
+                      "FusedAdamW::link_model_params: pair ", i, " differs in shape or device: ",
+                      param.sizes(), " on ", param.device(), " vs ", model.sizes(), " on ",
+                      model.device());
+    model_of_[param.unsafeGetTensorImpl()] = model;
+  }
+  writes_back_ = true;
+}
+
+void FusedAdamW::set_amp_scaling(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  grad_scale_ = grad_scale;
+  found_inf_ = found_inf;
+}
+
+void FusedAdamW::clear_amp_scaling() {
+  grad_scale_.reset();
+  found_inf_.reset();
+}
+
+void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
+}
+
+void FusedAdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
+  // The archive's tensors come back on the CPU, in the dtype they were saved with.
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) {
+      auto it = state_.find(p.unsafeGetTensorImpl());
+      if (it == state_.end()) continue;
+      auto& state = static_cast<FusedAdamWParamState&>(*it->second);
+      const auto on = p.options().requires_grad(false);
+      if (!state.step().defined()) state.step(at::zeros({}, on.dtype(at::kFloat)));
+      state.step(state.step().to(on.dtype(at::kFloat)));
+      if (state.exp_avg().defined()) state.exp_avg(state.exp_avg().to(on));
+      if (state.exp_avg_sq().defined()) state.exp_avg_sq(state.exp_avg_sq().to(on));
+      if (state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(state.max_exp_avg_sq().to(on));
+    }
+  }
+}
+
+// ---- the step -------------------------------------------------------------------------
+
+namespace {
+
+struct Item {
+  at::Tensor param;
+  at::Tensor grad;
+  FusedAdamWParamState* state;
+  at::Tensor model;  // undefined: no model copy
+};
+
+// One kernel call: same device, param dtype, model dtype.
+struct BucketKey {
+  c10::Device device;
+  c10::ScalarType param_dtype;
+  c10::ScalarType model_dtype;  // Undefined when no model copy
+  bool operator<(const BucketKey& other) const {
+    return std::make_tuple(static_cast<int>(device.type()), device.index(),
+                           static_cast<int>(param_dtype), static_cast<int>(model_dtype)) <
+           std::make_tuple(static_cast<int>(other.device.type()), other.device.index(),
+                           static_cast<int>(other.param_dtype),
+                           static_cast<int>(other.model_dtype));
+  }
+};
+
+// The kernels walk `numel` elements of raw memory, so every buffer must be dense and laid out
+// like the parameter.
+bool same_dense_layout(const at::Tensor& reference, const at::Tensor& t) {
+  return !t.defined() || (t.is_non_overlapping_and_dense() && t.strides() == reference.strides() &&
+                          t.sizes() == reference.sizes());
+}
+
+bool kernel_can_run(const Item& item, bool amsgrad) {
+  const auto& p = item.param;
+  detail::KernelDtype dtype;
+  if (!kernel_dtype(p.scalar_type(), &dtype)) return false;
+  if (p.is_cpu()) {
+    // fine
+  } else if (p.is_cuda()) {
+#ifndef MANTISSA_WITH_CUDA
+    return false;
+#endif
+  } else {
+    return false;
+  }
+  if (!p.is_non_overlapping_and_dense()) return false;
+  const auto& s = *item.state;
+  return same_dense_layout(p, item.grad) && same_dense_layout(p, s.exp_avg()) &&
+         same_dense_layout(p, s.exp_avg_sq()) &&
+         (!amsgrad || same_dense_layout(p, s.max_exp_avg_sq())) && same_dense_layout(p, item.model);
+}
+
+detail::AdamWScalars group_scalars(const FusedAdamWOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  detail::AdamWScalars s{};
+  // Each value is computed in double and rounded to fp32 once, as ATen does with a double
+  // scalar applied to a float tensor in torch::optim::AdamW.
+  s.decay = static_cast<float>(1 - o.lr() * o.weight_decay());
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - beta2);
+  s.eps = static_cast<float>(o.eps());
+  s.maximize = o.maximize();
+  return s;
+}
+
+// Any device and dtype, plain ATen ops; no sync: a skipped step writes back the old values.
+void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tensor& grad_scale,
+                    const at::Tensor& found_inf) {
+  auto& s = *item.state;
+  auto param = item.param;
+  const auto opmath = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto [beta1, beta2] = o.betas();
+  auto g = item.grad.to(opmath);
+  if (grad_scale.defined()) {
+    g = g * grad_scale.to(g.device(), at::kDouble).reciprocal().to(opmath);
+  }
+  if (o.maximize()) g = g.neg();
+  const auto step = s.step() + 1;
+  const auto step_d = step.to(at::kDouble);
+  const auto bias_correction1 = 1 - at::pow(beta1, step_d);
+  const auto bias_correction2 = 1 - at::pow(beta2, step_d);
+  auto p = param.to(opmath).mul(1 - o.lr() * o.weight_decay());
+  auto m = s.exp_avg().to(opmath).mul(beta1).add_(g, 1 - beta1);
+  auto v = s.exp_avg_sq().to(opmath).mul(beta2).addcmul_(g, g, 1 - beta2);
+  at::Tensor vmax;
+  if (o.amsgrad()) vmax = at::maximum(s.max_exp_avg_sq().to(opmath), v);
+  const auto denom =
+      ((o.amsgrad() ? vmax : v).sqrt() / bias_correction2.sqrt().to(opmath)).add_(o.eps());
+  p.add_((-o.lr() / bias_correction1).to(opmath) * m / denom);
+
+  auto commit = [&](at::Tensor dst, const at::Tensor& value) {
+    if (found_inf.defined()) {
+      const auto skip = found_inf.to(dst.device()).reshape({}).ne(0);
+      dst.copy_(at::where(skip, dst, value.to(dst.scalar_type())));
+    } else {
+      dst.copy_(value);
+    }
+  };
+  commit(param, p);
+  commit(s.exp_avg(), m);
+  commit(s.exp_avg_sq(), v);
+  if (o.amsgrad()) commit(s.max_exp_avg_sq(), vmax);
+  commit(s.step(), step);
+  if (item.model.defined()) commit(item.model, p);
+}
+
+void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
+             const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  // On the CPU, reading the flag and the scale is a memory read, not a device sync.
+  if (found_inf.defined() && found_inf.to(at::kCPU, at::kFloat).item<float>() != 0.f) return;
+  auto scalars = group_scalars(o);
+  if (grad_scale.defined()) {
+    scalars.unscale = true;
+    scalars.inv_scale =
+        static_cast<float>(1.0 / grad_scale.to(at::kCPU, at::kDouble).item<double>());
+  }
+  const auto [beta1, beta2] = o.betas();
+  std::vector<detail::AdamWCpuTensor> tensors;
+  tensors.reserve(items.size());
+  for (auto& item : items) {
+    auto& s = *item.state;
+    float* step = s.step().data_ptr<float>();
+    *step += 1;
+    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(*step));
+    const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(*step));
+    detail::AdamWCpuTensor t{};
+    t.param = item.param.data_ptr();
+    t.grad = item.grad.const_data_ptr();
+    t.exp_avg = s.exp_avg().data_ptr();
+    t.exp_avg_sq = s.exp_avg_sq().data_ptr();
+    t.max_exp_avg_sq = o.amsgrad() ? s.max_exp_avg_sq().data_ptr() : nullptr;
+    t.model = item.model.defined() ? item.model.data_ptr() : nullptr;
+    t.numel = item.param.numel();
+    t.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
+    t.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    tensors.push_back(t);
+  }
+  detail::AdamWCpuArgs args{};
+  TORCH_INTERNAL_ASSERT(kernel_dtype(key.param_dtype, &args.param_dtype));
+  args.model_dtype = detail::KernelDtype::kNone;
+  if (key.model_dtype != c10::ScalarType::Undefined) {
+    TORCH_INTERNAL_ASSERT(kernel_dtype(key.model_dtype, &args.model_dtype));
+  }
+  args.amsgrad = o.amsgrad();
+  args.scalars = scalars;
+  args.tensors = tensors.data();
+  args.num_tensors = static_cast<std::int64_t>(tensors.size());
+  detail::fused_adamw_cpu(args);
+}
+
+#ifdef MANTISSA_WITH_CUDA
+void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
+              const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps;
+  for (auto& item : items) {
+    auto& s = *item.state;
+    params.push_back(item.param);
+    grads.push_back(item.grad);
+    exp_avgs.push_back(s.exp_avg());
+    exp_avg_sqs.push_back(s.exp_avg_sq());
+    if (o.amsgrad()) max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
+    models.push_back(item.model);
+    steps.push_back(s.step());
+  }
+  const auto [beta1, beta2] = o.betas();
+  detail::cuda::AdamWCudaHyper hyper{o.lr(), beta1, beta2, group_scalars(o)};
+  // Flags on another device are copied without blocking (GradScaler keeps one per device).
+  auto on_device = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(key.device, at::kFloat, /*non_blocking=*/true) : t;
+  };
+  detail::cuda::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps,
+                            hyper, o.amsgrad(), on_device(grad_scale), on_device(found_inf));
+}
+#endif
+
+}  // namespace
+
+at::Tensor FusedAdamW::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const FusedAdamWOptions&>(group.options());
+    std::map<BucketKey, std::vector<Item>> buckets;
+    std::vector<Item> fallback;
+    for (auto& p : group.params()) {
+      const auto& grad = p.grad();
+      if (!grad.defined()) continue;
+      TORCH_CHECK_VALUE(!grad.is_sparse(), "FusedAdamW does not support sparse gradients");
+      TORCH_CHECK_VALUE(grad.scalar_type() == p.scalar_type() && grad.device() == p.device(),
+                        "FusedAdamW: a gradient must have its parameter's dtype and device; got ",
+                        grad.scalar_type(), " on ", grad.device(), " for a ", p.scalar_type(),
+                        " parameter on ", p.device());
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<FusedAdamWParamState>();
+        fresh->step(at::zeros({}, p.options().dtype(at::kFloat).requires_grad(false)));
+        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto* state = static_cast<FusedAdamWParamState*>(slot.get());
+      if (options.amsgrad() && !state->max_exp_avg_sq().defined()) {
+        state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      }
+      at::Tensor model;
+      if (auto linked = model_of_.find(p.unsafeGetTensorImpl()); linked != model_of_.end()) {
+        model = linked->second;
+      }
+      Item item{p, grad, state, model};
+      if (kernel_can_run(item, options.amsgrad())) {
+        const BucketKey key{p.device(), p.scalar_type(),
+                            model.defined() ? model.scalar_type() : c10::ScalarType::Undefined};
+        buckets[key].push_back(std::move(item));
+      } else {
+        fallback.push_back(std::move(item));
+      }
+    }
+    for (auto& [key, items] : buckets) {
+      if (key.device.is_cpu()) {
+        run_cpu(key, items, options, grad_scale_, found_inf_);
+      } else {
+#ifdef MANTISSA_WITH_CUDA
+        run_cuda(key, items, options, grad_scale_, found_inf_);
+#else
+        TORCH_INTERNAL_ASSERT(false, "FusedAdamW: no kernel for ", key.device);
+#endif
+      }
+    }
+    for (auto& item : fallback) adamw_fallback(item, options, grad_scale_, found_inf_);
+  }
+  return loss;
+}
+
+// ---- CPU kernel choice ----------------------------------------------------------------
+
+namespace detail {
+namespace {
+
+using CpuKernel = void (*)(const AdamWCpuArgs&);
+
+struct CpuChoice {
+  CpuKernel kernel;
+  const char* name;
+};
+
+CpuChoice choose_cpu_kernel() {
+  // ATen's own choice (cpuinfo, capped by the ATEN_CPU_CAPABILITY environment variable), so
+  // that the fused step and ATen's kernels run the same instruction set.
+  const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512") return {&AVX512::fused_adamw_cpu, "AVX512"};
+  if (capability == "AVX2") return {&AVX2::fused_adamw_cpu, "AVX2"};
+  return {&DEFAULT::fused_adamw_cpu, "DEFAULT"};
+}
+
+const CpuChoice& cpu_choice() {
+  static const CpuChoice choice = choose_cpu_kernel();
+  return choice;
+}
+
+}  // namespace
+
+void fused_adamw_cpu(const AdamWCpuArgs& args) { cpu_choice().kernel(args); }
+
+const char* fused_adamw_cpu_capability() { return cpu_choice().name; }
+
+}  // namespace detail
+}  // namespace mantissa::optim

@@ -1,0 +1,260 @@
+// Fused AdamW on CUDA: one multi-tensor kernel launch updates many tensors (each block takes
+// one chunk of one tensor, as ATen's multi_tensor_apply), reading the loss scale and the
+// found-inf flag from device memory. When found_inf != 0 every block returns before writing,
+// and the step counters are left as they were: no host sync anywhere.
+//
+// The arithmetic is the CPU kernel's (fused_adamw_cpu_kernel.inc), written with explicit
+// round-to-nearest intrinsics so that nvcc's FMA contraction cannot change it: each fp32
+// multiply, add, divide and square root rounds once, and only the two fmas ATen's own AVX2/AVX512
+// kernels use (add_ with alpha, and addcmul) are fused.
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "optim/fused_adamw_kernels.h"
+
+namespace mantissa::optim::detail::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kChunkSize = 64 * 1024;
+// The launch metadata travels as a kernel argument (no host-to-device copy); these sizes keep
+// it under the classic 4 KiB argument limit.
+constexpr int kMaxTensors = 24;
+constexpr int kMaxBlocks = 320;
+constexpr int kMaxSteps = 256;
+
+struct TensorListMeta {
+  void* param[kMaxTensors];
+  const void* grad[kMaxTensors];
+  void* exp_avg[kMaxTensors];
+  void* exp_avg_sq[kMaxTensors];
+  void* max_exp_avg_sq[kMaxTensors];
+  void* model[kMaxTensors];
+  const float* step[kMaxTensors];
+  std::int64_t numel[kMaxTensors];
+  unsigned char block_to_tensor[kMaxBlocks];
+  int block_to_chunk[kMaxBlocks];
+};
+static_assert(sizeof(TensorListMeta) <= 4000, "kernel argument too large");
+
+struct StepList {
+  float* step[kMaxSteps];
+  int size;
+};
+
+struct Hyper {
+  double lr, beta1, beta2;
+  float decay, beta1_f, one_minus_beta1, beta2_f, one_minus_beta2, eps;
+  bool maximize;
+};
+
+template <typename T>
+__device__ __forceinline__ float load_float(const void* base, std::int64_t i) {
+  return static_cast<float>(static_cast<const T*>(base)[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_float(void* base, std::int64_t i, float value) {
+  static_cast<T*>(base)[i] = static_cast<T>(value);  // round to nearest even
+}
+
+template <typename P, typename M, bool kModel, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads)
+    fused_adamw_kernel(TensorListMeta meta, Hyper h, const float* grad_scale,
+                       const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) return;
+  const int t = meta.block_to_tensor[blockIdx.x];
+  const std::int64_t begin = static_cast<std::int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const std::int64_t end = min(meta.numel[t], begin + kChunkSize);
+
+  // The step is incremented by a later launch; this one uses its value + 1, as AdamW does
+  // after `state.step(state.step() + 1)`.
+  const double step = static_cast<double>(*meta.step[t]) + 1.0;
+  const double bias_correction1 = 1.0 - pow(h.beta1, step);
+  const double bias_correction2 = 1.0 - pow(h.beta2, step);
+  const float neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
+  const float bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  const bool unscale = grad_scale != nullptr;
+  const float inv_scale = unscale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.f;
+
+  void* param = meta.param[t];
+  const void* grad = meta.grad[t];
+  void* exp_avg = meta.exp_avg[t];
+  void* exp_avg_sq = meta.exp_avg_sq[t];
+  void* max_exp_avg_sq = meta.max_exp_avg_sq[t];
+  void* model = meta.model[t];
+
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float g = load_float<P>(grad, i);
+    if (unscale) g = __fmul_rn(g, inv_scale);
+    if (h.maximize) g = -g;
+    float p = __fmul_rn(load_float<P>(param, i), h.decay);
+    const float m = __fmaf_rn(g, h.one_minus_beta1, __fmul_rn(load_float<P>(exp_avg, i), h.beta1));
+    const float v = __fmaf_rn(__fmul_rn(h.one_minus_beta2, g), g,
+                              __fmul_rn(load_float<P>(exp_avg_sq, i), h.beta2_f));
+    float second = v;
+    if constexpr (kAmsgrad) {
+      const float old = load_float<P>(max_exp_avg_sq, i);
+      second = isnan(old) ? old : (isnan(v) ? v : fmaxf(old, v));  // at::maximum keeps nan
+      store_float<P>(max_exp_avg_sq, i, second);
+    }
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(second), bias_correction2_sqrt), h.eps);
+    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(neg_step_size, m), denom));
+    store_float<P>(param, i, p);
+    store_float<P>(exp_avg, i, m);
+    store_float<P>(exp_avg_sq, i, v);
+    if constexpr (kModel) store_float<M>(model, i, p);
+  }
+}
+
+__global__ void increment_steps_kernel(StepList steps, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) return;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < steps.size) *steps.step[i] += 1.f;
+}
+
+template <typename P, typename M, bool kModel, bool kAmsgrad>
+void launch_all(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                const std::vector<at::Tensor>& max_exp_avg_sqs,
+                const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
+                const Hyper& h, const float* grad_scale, const float* found_inf) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  TensorListMeta meta{};
+  int tensors = 0;
+  int blocks = 0;
+  auto launch = [&] {
+    fused_adamw_kernel<P, M, kModel, kAmsgrad>
+        <<<blocks, kThreads, 0, stream>>>(meta, h, grad_scale, found_inf);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  std::vector<std::size_t> nonempty;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() > 0) nonempty.push_back(i);
+  }
+  for (std::size_t k = 0; k < nonempty.size(); ++k) {
+    const auto i = nonempty[k];
+    const int slot = tensors++;
+    meta.param[slot] = params[i].data_ptr();
+    meta.grad[slot] = grads[i].const_data_ptr();
+    meta.exp_avg[slot] = exp_avgs[i].data_ptr();
+    meta.exp_avg_sq[slot] = exp_avg_sqs[i].data_ptr();
+    meta.max_exp_avg_sq[slot] = kAmsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr;
+    meta.model[slot] = kModel ? models[i].data_ptr() : nullptr;
+    meta.step[slot] = steps[i].const_data_ptr<float>();
+    meta.numel[slot] = params[i].numel();
+    const std::int64_t chunks = (params[i].numel() + kChunkSize - 1) / kChunkSize;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      meta.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
+      meta.block_to_chunk[blocks] = static_cast<int>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      const bool tensors_full = tensors == kMaxTensors && last_chunk;
+      const bool blocks_full = blocks == kMaxBlocks;
+      const bool everything = k == nonempty.size() - 1 && last_chunk;
+      if (tensors_full || blocks_full || everything) {
+        launch();
+        blocks = 0;
+        if (last_chunk) {
+          tensors = 0;
+        } else {
+          // The tensor continues in the next launch: it becomes slot 0.
+          meta.param[0] = meta.param[slot];
+          meta.grad[0] = meta.grad[slot];
+          meta.exp_avg[0] = meta.exp_avg[slot];
+          meta.exp_avg_sq[0] = meta.exp_avg_sq[slot];
+          meta.max_exp_avg_sq[0] = meta.max_exp_avg_sq[slot];
+          meta.model[0] = meta.model[slot];
+          meta.step[0] = meta.step[slot];
+          meta.numel[0] = meta.numel[slot];
+          tensors = 1;
+        }
+      }
+    }
+  }
+  // Only now, after every launch that reads them, the steps move on (unless found_inf).
+  StepList list{};
+  for (std::size_t k = 0; k < nonempty.size(); ++k) {
+    list.step[list.size++] = steps[nonempty[k]].data_ptr<float>();
+    if (list.size == kMaxSteps || k == nonempty.size() - 1) {
+      increment_steps_kernel<<<(list.size + 127) / 128, 128, 0, stream>>>(list, found_inf);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      list.size = 0;
+    }
+  }
+}
+
+template <typename P, typename M, bool kModel>
+void dispatch_amsgrad(bool amsgrad, const std::vector<at::Tensor>& params,
+                      const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+                      const std::vector<at::Tensor>& exp_avg_sqs,
+                      const std::vector<at::Tensor>& max_exp_avg_sqs,
+                      const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
+                      const Hyper& h, const float* grad_scale, const float* found_inf) {
+  if (amsgrad) {
+    launch_all<P, M, kModel, true>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models,
+                                   steps, h, grad_scale, found_inf);
+  } else {
+    launch_all<P, M, kModel, false>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models,
+                                    steps, h, grad_scale, found_inf);
+  }
+}
+
+}  // namespace
+
+void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                 const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                 const std::vector<at::Tensor>& max_exp_avg_sqs,
+                 const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
+                 const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& grad_scale,
+                 const at::Tensor& found_inf) {
+  if (params.empty()) return;
+  const auto n = params.size();
+  TORCH_INTERNAL_ASSERT(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
+                        steps.size() == n && models.size() == n &&
+                        (!amsgrad || max_exp_avg_sqs.size() == n));
+  const c10::cuda::CUDAGuard device_guard(params[0].device());
+  for (std::size_t i = 0; i < n; ++i) {
+    TORCH_INTERNAL_ASSERT(params[i].is_cuda() && params[i].device() == params[0].device() &&
+                          params[i].scalar_type() == params[0].scalar_type());
+    TORCH_INTERNAL_ASSERT(steps[i].scalar_type() == at::kFloat && steps[i].is_cuda());
+  }
+  const bool with_model = models[0].defined();
+  for (const auto& m : models) TORCH_INTERNAL_ASSERT(m.defined() == with_model);
+
+  Hyper h{};
+  h.lr = hyper.lr;
+  h.beta1 = hyper.beta1;
+  h.beta2 = hyper.beta2;
+  h.decay = hyper.scalars.decay;
+  h.beta1_f = hyper.scalars.beta1;
+  h.one_minus_beta1 = hyper.scalars.one_minus_beta1;
+  h.beta2_f = hyper.scalars.beta2;
+  h.one_minus_beta2 = hyper.scalars.one_minus_beta2;
+  h.eps = hyper.scalars.eps;
+  h.maximize = hyper.scalars.maximize;
+  const float* scale_ptr = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
+  const float* inf_ptr = found_inf.defined() ? found_inf.const_data_ptr<float>() : nullptr;
+
+  const auto dtype = params[0].scalar_type();
+  const auto model_dtype = with_model ? models[0].scalar_type() : at::kFloat;
+#define MANTISSA_ADAMW_CASE(P, M, MODEL)                                                       \
+  return dispatch_amsgrad<P, M, MODEL>(amsgrad, params, grads, exp_avgs, exp_avg_sqs,         \
+                                       max_exp_avg_sqs, models, steps, h, scale_ptr, inf_ptr)
+  if (dtype == at::kFloat && !with_model) MANTISSA_ADAMW_CASE(float, float, false);
+  if (dtype == at::kFloat && model_dtype == at::kBFloat16) MANTISSA_ADAMW_CASE(float, c10::BFloat16, true);
+  if (dtype == at::kFloat && model_dtype == at::kHalf) MANTISSA_ADAMW_CASE(float, c10::Half, true);
+  if (dtype == at::kBFloat16 && !with_model) MANTISSA_ADAMW_CASE(c10::BFloat16, float, false);
+  if (dtype == at::kHalf && !with_model) MANTISSA_ADAMW_CASE(c10::Half, float, false);
+#undef MANTISSA_ADAMW_CASE
+  TORCH_INTERNAL_ASSERT(false, "fused_adamw (CUDA): unsupported dtypes ", dtype, " / ", model_dtype);
+}
+
+}  // namespace mantissa::optim::detail::cuda

@@ -1,0 +1,213 @@
+#include "trainer/checkpoint.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <mantissa/io/filesystem.h>
+#include <mantissa/io/safetensors.h>
+
+#include "io/atomic_file.h"
+#include "io/torch_save.h"
+
+namespace mantissa::detail {
+
+std::function<void(const std::string& path)> checkpoint_write_hook;
+
+namespace {
+
+constexpr const char* kPrefix = "checkpoint-";
+
+void before_write(const std::string& path) {
+  if (checkpoint_write_hook) checkpoint_write_hook(path);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  before_write(path);
+  io::write_file_atomically(path, text);
+}
+
+void write_archive(const std::string& path, torch::serialize::OutputArchive& archive) {
+  before_write(path);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  io::write_file_atomically(path, bytes.str());
+}
+
+void load_archive(const std::string& path, torch::serialize::InputArchive& archive) {
+  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
+  archive.load_from(path);
+}
+
+// Runs `load`, re-raising any error with the file's name in front.
+template <typename Fn>
+void loading(const std::string& path, Fn&& load) {
+  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
+  try {
+    load();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what());
+  }
+}
+
+c10::IValue rng_states() {
+  c10::impl::GenericDict states(c10::StringType::get(), c10::AnyType::get());
+  states.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  c10::impl::GenericList cuda(c10::AnyType::get());
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(torch::cuda::device_count()); ++i) {
+    cuda.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))).get_state());
+  }
+  states.insert("cuda", cuda);
+  return states;
+}
+
+// Generators are shared handles: a copy sets the state of the process-wide generator.
+void set_generator_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+void restore_rng_states(const c10::IValue& value) {
+  TORCH_CHECK(value.isGenericDict(), "rng_state.pth does not hold a dict");
+  const auto states = value.toGenericDict();
+  TORCH_CHECK(states.contains("cpu"), "rng_state.pth has no 'cpu' state");
+  set_generator_state(at::detail::getDefaultCPUGenerator(), states.at("cpu").toTensor());
+  if (states.contains("cuda")) {
+    const auto cuda = states.at("cuda").toList();
+    const auto devices = static_cast<std::size_t>(torch::cuda::device_count());
+    for (std::size_t i = 0; i < std::min<std::size_t>(cuda.size(), devices); ++i) {
+      set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
+                          cuda.get(i).toTensor());
+    }
+  }
+}
+
+std::optional<std::int64_t> step_of(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
+  const auto digits = name.substr(std::char_traits<char>::length(kPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+std::string checkpoint_name(std::int64_t step) { return kPrefix + std::to_string(step); }
+
+std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
+  io::create_directories(output_dir);
+  const std::string final_dir = io::join_path(output_dir, checkpoint_name(parts.state->global_step));
+  const std::string tmp = io::make_temp_directory(output_dir, "tmp-" + checkpoint_name(parts.state->global_step) + "-");
+  try {
+    const auto file = [&](const char* name) { return io::join_path(tmp, name); };
+    before_write(file("model.safetensors"));
+    io::save_module_safetensors(file("model.safetensors"), *parts.model);
+    {
+      torch::serialize::OutputArchive archive;
+      parts.optimizer->save(archive);
+      write_archive(file("optimizer.pt"), archive);
+    }
+    before_write(file("scheduler.pt"));
+    parts.scheduler->save(file("scheduler.pt"));
+    before_write(file("scaler.pt"));
+    parts.scaler->save(file("scaler.pt"));
+    if (parts.masters != nullptr) {
+      torch::serialize::OutputArchive archive;
+      parts.masters->save(archive);
+      write_archive(file("master_weights.pt"), archive);
+    }
+    {
+      const auto bytes = io::torch_save_bytes(rng_states());
+      before_write(file("rng_state.pth"));
+      io::write_file_atomically(file("rng_state.pth"), std::string_view(bytes.data(), bytes.size()));
+    }
+    TrainerState state = *parts.state;
+    write_text(file("trainer_state.json"), state.to_json());
+    write_text(file("training_args.json"), parts.args->to_json());
+    // Replace an older folder of the same step (a re-save) only once the new one is complete.
+    if (io::path_exists(final_dir)) {
+      const std::string old = io::make_temp_directory(output_dir, "old-" + checkpoint_name(parts.state->global_step) + "-");
+      io::remove_all(old);
+      io::rename_path(final_dir, old);
+      io::rename_path(tmp, final_dir);
+      io::remove_all(old);
+    } else {
+      io::rename_path(tmp, final_dir);
+    }
+  } catch (...) {
+    try {
+      io::remove_all(tmp);
+    } catch (...) {
+    }
+    throw;
+  }
+  return final_dir;
+}
+
+void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
+  TORCH_CHECK_VALUE(io::is_directory(dir), "checkpoint folder '", dir, "' does not exist");
+  const auto file = [&](const char* name) { return io::join_path(dir, name); };
+  loading(file("trainer_state.json"), [&] {
+    const auto bytes = io::read_file(file("trainer_state.json"));
+    *parts.state = TrainerState::from_json(std::string(bytes.begin(), bytes.end()));
+  });
+  loading(file("model.safetensors"), [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
+  if (parts.masters != nullptr) {
+    loading(file("master_weights.pt"), [&] {
+      torch::serialize::InputArchive archive;
+      load_archive(file("master_weights.pt"), archive);
+      parts.masters->load(archive);
+    });
+  }
+  loading(file("optimizer.pt"), [&] {
+    torch::serialize::InputArchive archive;
+    load_archive(file("optimizer.pt"), archive);
+    parts.optimizer->load(archive);
+  });
+  loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });
+  loading(file("scaler.pt"), [&] {
+    if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
+  });
+  loading(file("rng_state.pth"), [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
+}
+
+std::vector<std::string> sorted_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  if (!io::is_directory(output_dir)) return {};
+  for (const auto& name : io::list_directory(output_dir)) {
+    const auto step = step_of(name);
+    const auto path = io::join_path(output_dir, name);
+    if (step && io::is_directory(path)) found.emplace_back(*step, path);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+std::string resolve_checkpoint(const std::string& requested, const std::string& output_dir) {
+  if (requested != "latest") return requested;
+  const auto all = sorted_checkpoints(output_dir);
+  TORCH_CHECK_VALUE(!all.empty(), "resume_from_checkpoint=latest but there is no checkpoint-<step> folder in '",
+                    output_dir, "'");
+  return all.back();
+}
+
+void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
+                        const std::optional<std::string>& best_checkpoint) {
+  auto all = sorted_checkpoints(output_dir);
+  if (limit <= 0 || static_cast<std::int64_t>(all.size()) <= limit) return;
+  // HF keeps the best checkpoint: it is moved to the end so it is never among the oldest.
+  if (best_checkpoint) {
+    auto it = std::find(all.begin(), all.end(), *best_checkpoint);
+    if (it != all.end()) std::rotate(it, it + 1, all.end());
+  }
+  const auto excess = static_cast<std::int64_t>(all.size()) - limit;
+  for (std::int64_t i = 0; i < excess; ++i) io::remove_all(all[static_cast<std::size_t>(i)]);
+}
+
+}  // namespace mantissa::detail

@@ -1,0 +1,69 @@
+#pragma once
+// Checkpoint folders in Hugging Face's layout, written atomically.
+//
+//   output_dir/checkpoint-<step>/
+//     model.safetensors      model parameters and buffers (Python's safetensors reads it)
+//     optimizer.pt           the optimizer (LibTorch archive)
+//     scheduler.pt           the LR scheduler (torch.save format, LambdaLR's keys)
+//     scaler.pt              the GradScaler (torch.save format, PyTorch's keys)
+//     master_weights.pt      fp32 master weights, when the model is low-precision
+//     rng_state.pth          CPU and CUDA generator states (torch.save format)
+//     trainer_state.json     TrainerState
+//     training_args.json     TrainingArguments
+//
+// A checkpoint is written into a temporary folder beside it and renamed into place, so a
+// crash or a full disk during a save leaves the previous checkpoints as they were.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/lr_scheduler.h>
+#include <mantissa/trainer_callback.h>
+#include <mantissa/training_arguments.h>
+
+namespace mantissa::detail {
+
+/// Everything a checkpoint holds. `masters` may be null.
+struct CheckpointParts {
+  torch::nn::Module* model = nullptr;
+  amp::MasterWeights* masters = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  LrScheduler* scheduler = nullptr;
+  amp::GradScaler* scaler = nullptr;
+  TrainerState* state = nullptr;
+  const TrainingArguments* args = nullptr;
+};
+
+/// `checkpoint-<step>` as a folder name.
+std::string checkpoint_name(std::int64_t step);
+
+/// Writes `output_dir/checkpoint-<state.global_step>` atomically and returns its path.
+std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts);
+
+/// Restores everything from a checkpoint folder. A missing or corrupt file raises a c10::Error
+/// naming the file.
+void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
+
+/// The `checkpoint-<n>` folders in `output_dir`, oldest (smallest n) first.
+std::vector<std::string> sorted_checkpoints(const std::string& output_dir);
+
+/// Resolves `resume_from_checkpoint`: "latest" is the newest checkpoint in `output_dir`.
+std::string resolve_checkpoint(const std::string& requested, const std::string& output_dir);
+
+/// Deletes the oldest checkpoints beyond `limit`, never the best one. Python: HF's
+/// `_rotate_checkpoints`.
+void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
+                        const std::optional<std::string>& best_checkpoint);
+
+/// Called with each file's path before the checkpoint writer writes it; tests throw from it
+/// to simulate a failing disk. Empty in normal runs.
+extern std::function<void(const std::string& path)> checkpoint_write_hook;
+
+}  // namespace mantissa::detail

@@ -1,0 +1,15 @@
+#pragma once
+
+#include <mantissa/trainer.h>
+
+namespace mantissa::detail {
+
+/// The precision plan for a model whose floating-point parameters are `param_dtype`:
+///   fp32 model:  fp32 | bf16 autocast | fp16 autocast + loss scaling;
+///                with master_weights=on, the model is cast to bf16/fp16 and keeps fp32 masters
+///   bf16 model:  bf16 + fp32 masters (master_weights auto/on) | pure bf16 (off)
+///   fp16 model:  fp16 + fp32 masters + loss scaling (pure fp16 is refused)
+/// Contradictions (a bf16 model with --fp16, ...) raise c10::ValueError saying what to change.
+PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType param_dtype);
+
+}  // namespace mantissa::detail

@@ -1,0 +1,409 @@
+// The Trainer end to end on the CPU: resume, accumulation, skipped steps, divergence errors,
+// bad input, checkpoint rotation and crash safety, evaluation and callbacks.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/io/filesystem.h>
+#include <mantissa/trainer.h>
+
+#include "io_test_util.h"
+#include "trainer/checkpoint.h"
+
+namespace {
+
+using mantissa::Batch;
+using mantissa::LogEntry;
+using mantissa::Trainer;
+using mantissa::TrainerCallback;
+using mantissa::TrainerControl;
+using mantissa::TrainerState;
+using mantissa::TrainingArguments;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// A fixed 4-class problem: y = argmax(x W) for a fixed W.
+class ToyDataset : public torch::data::datasets::BatchDataset<ToyDataset, Batch> {
+ public:
+  explicit ToyDataset(int64_t n, uint64_t seed = 0) {
+    auto gen = at::detail::createCPUGenerator(seed);
+    x_ = torch::randn({n, 8}, gen);
+    const auto w = torch::randn({8, 4}, gen);
+    y_ = x_.matmul(w).argmax(1);
+  }
+  Batch get_batch(c10::ArrayRef<size_t> indices) override {
+    auto index = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
+    return {x_.index_select(0, index), y_.index_select(0, index)};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(x_.size(0)); }
+
+ private:
+  torch::Tensor x_;
+  torch::Tensor y_;
+};
+
+struct MlpImpl : torch::nn::Module {
+  torch::nn::Linear fc1{8, 16};
+  torch::nn::Dropout dropout{0.1};
+  torch::nn::Linear fc2{16, 4};
+  MlpImpl() {
+    register_module("fc1", fc1);
+    register_module("dropout", dropout);
+    register_module("fc2", fc2);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(dropout(torch::relu(fc1(x)))); }
+};
+TORCH_MODULE(Mlp);
+
+Mlp make_model(uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  return Mlp();
+}
+
+std::string temp_dir() {
+  std::string pattern = ::testing::TempDir() + "mantissa-trainer-XXXXXX";
+  const char* dir = ::mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr);
+  return pattern;
+}
+
+TrainingArguments base_args(const std::string& output_dir) {
+  return TrainingArguments()
+      .output_dir(output_dir)
+      .per_device_train_batch_size(8)
+      .per_device_eval_batch_size(16)
+      .learning_rate(1e-2)
+      .logging_steps(5)
+      .save_strategy("no")
+      .seed(7)
+      .disable_tqdm(true);
+}
+
+std::vector<torch::Tensor> params_of(const Mlp& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+std::vector<double> logged(const TrainerState& state, const std::string& key) {
+  std::vector<double> values;
+  for (const auto& entry : state.log_history) {
+    if (auto it = entry.find(key); it != entry.end()) values.push_back(it->second);
+  }
+  return values;
+}
+
+// Stops the run after `step` optimizer steps (as a crash would, but cleanly).
+struct StopAt : TrainerCallback {
+  explicit StopAt(int64_t step) : step_(step) {}
+  void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl& control) override {
+    if (state.global_step == step_) control.should_training_stop = true;
+  }
+  int64_t step_;
+};
+
+TEST(TrainerTest, ResumeContinuesTheIdenticalTrajectory) {
+  for (bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16 + GradScaler" : "fp32");
+    const auto dir_a = temp_dir();
+    const auto dir_b = temp_dir();
+    auto args_a = base_args(dir_a).max_steps(20).fp16(fp16).initial_scale_power(8).loss_scale_window(3);
+    auto straight = make_model();
+    Trainer a(straight, args_a, ToyDataset(100));
+    a.train();
+
+    auto args_b = args_a;
+    args_b.output_dir(dir_b).save_strategy("steps").save_steps(10);
+    auto first_half = make_model();
+    Trainer b1(first_half, args_b, ToyDataset(100));
+    b1.add_callback(std::make_shared<StopAt>(10));
+    b1.train();
+    ASSERT_TRUE(mantissa::io::is_directory(dir_b + "/checkpoint-10"));
+
+    auto resumed = make_model(/*seed=*/99);  // different init: everything must come from the checkpoint
+    Trainer b2(resumed, args_b, ToyDataset(100));
+    b2.train("latest");
+
+    EXPECT_EQ(b2.state().global_step, 20);
+    const auto pa = params_of(straight);
+    const auto pb = params_of(resumed);
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    EXPECT_EQ(a.scaler().get_scale(), b2.scaler().get_scale());
+    EXPECT_EQ(logged(a.state(), "loss"), logged(b2.state(), "loss"));
+    EXPECT_EQ(logged(a.state(), "learning_rate"), logged(b2.state(), "learning_rate"));
+  }
+}
+
+TEST(TrainerTest, GradientAccumulationMatchesOneLargeBatch) {
+  auto run = [](int64_t batch, int64_t accumulation) {
+    torch::manual_seed(3);
+    auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+    auto args = base_args(temp_dir())
+                    .per_device_train_batch_size(batch)
+                    .gradient_accumulation_steps(accumulation)
+                    .num_train_epochs(3)
+                    .optim("sgd")
+                    .learning_rate(0.1)
+                    .max_grad_norm(0.0);
+    Trainer trainer(model, args, ToyDataset(64));
+    trainer.train();
+    EXPECT_EQ(trainer.state().global_step, 6);
+    return model->parameters();
+  };
+  const auto big = run(32, 1);
+  const auto accumulated = run(8, 4);
+  for (size_t i = 0; i < big.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(big[i], accumulated[i], 1e-5, 1e-6))
+        << "max |diff| " << (big[i] - accumulated[i]).abs().max().item<double>();
+  }
+}
+
+// Records the learning rate and parameters after every step.
+struct Recorder : TrainerCallback {
+  Trainer* trainer = nullptr;
+  Mlp model{nullptr};
+  std::vector<double> lrs;
+  std::vector<std::vector<torch::Tensor>> params;
+  void on_step_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+    lrs.push_back(trainer->optimizer().param_groups()[0].options().get_lr());
+    params.push_back(params_of(model));
+  }
+};
+
+TEST(TrainerTest, SkippedStepLeavesParamsAndScheduleAndIsLogged) {
+  auto model = make_model();
+  model->dropout->options.p(0.0);
+  auto args = base_args(temp_dir()).fp16(true).max_steps(6).logging_steps(1);
+  Trainer trainer(model, args, ToyDataset(100));
+  int calls = 0;
+  trainer.set_compute_loss([&](const Batch& batch) {
+    auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+    return ++calls == 3 ? loss * std::numeric_limits<float>::infinity() : loss;
+  });
+  auto recorder = std::make_shared<Recorder>();
+  recorder->trainer = &trainer;
+  recorder->model = model;
+  trainer.add_callback(recorder);
+  ::testing::internal::CaptureStdout();
+  trainer.train();
+  const auto out = ::testing::internal::GetCapturedStdout();
+  EXPECT_THAT(out, HasSubstr("step 3: gradients overflowed (inf/nan) at loss scale 65536; optimizer step skipped"));
+  EXPECT_EQ(trainer.state().skipped_steps, 1);
+  ASSERT_EQ(recorder->lrs.size(), 6u);
+  EXPECT_EQ(recorder->lrs[2], recorder->lrs[1]) << "the scheduler must not advance on a skipped step";
+  EXPECT_LT(recorder->lrs[3], recorder->lrs[2]);
+  for (size_t i = 0; i < recorder->params[2].size(); ++i) {
+    EXPECT_TRUE(torch::equal(recorder->params[2][i], recorder->params[1][i]));
+    EXPECT_FALSE(torch::equal(recorder->params[3][i], recorder->params[2][i]));
+  }
+  EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
+  EXPECT_EQ(logged(trainer.state(), "skipped_steps").back(), 1.0);
+}
+
+TEST(TrainerTest, EndlessFp16OverflowStopsWithAClearError) {
+  auto model = make_model();
+  auto args = base_args(temp_dir()).fp16(true).max_steps(50).max_consecutive_nonfinite(5);
+  Trainer trainer(model, args, ToyDataset(100));
+  trainer.set_compute_loss([&](const Batch& batch) {
+    return torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target) *
+           std::numeric_limits<float>::infinity();
+  });
+  ::testing::internal::CaptureStdout();
+  EXPECT_THAT([&] { trainer.train(); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr("5 optimizer steps in a row were skipped"), HasSubstr("--bf16"))));
+  ::testing::internal::GetCapturedStdout();
+}
+
+TEST(TrainerTest, NonFiniteLossesStopABf16Run) {
+  auto model = make_model();
+  auto args = base_args(temp_dir()).bf16(true).max_steps(20).logging_steps(4).max_consecutive_nonfinite(3);
+  Trainer trainer(model, args, ToyDataset(100));
+  trainer.set_compute_loss([&](const Batch& batch) {
+    return torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target) * std::nan("");
+  });
+  ::testing::internal::CaptureStdout();
+  EXPECT_THAT([&] { trainer.train(); },
+              ThrowsMessage<c10::Error>(HasSubstr("the loss was not finite for 4 micro-batches in a row")));
+  ::testing::internal::GetCapturedStdout();
+}
+
+TEST(TrainerTest, BadInputFailsBeforeAnyWork) {
+  const auto dir = temp_dir();
+  EXPECT_THAT([&] { Trainer(make_model(), base_args(dir), ToyDataset(0)).train(); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("the training dataset is empty")));
+  EXPECT_THAT([&] {
+    Trainer(make_model(), base_args(dir).per_device_train_batch_size(64).dataloader_drop_last(true), ToyDataset(10)).train();
+  }, ThrowsMessage<c10::ValueError>(HasSubstr("per_device_train_batch_size (64) is larger than the training dataset (10 examples)")));
+
+  mantissa::io::create_directories(dir + "/checkpoint-3");
+  EXPECT_THAT([&] { Trainer(make_model(), base_args(dir).max_steps(2), ToyDataset(10)).train(); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("already exists and is not empty. Use --overwrite_output_dir")));
+  EXPECT_NO_THROW(Trainer(make_model(), base_args(dir).max_steps(2).overwrite_output_dir(true), ToyDataset(10)).train());
+
+  auto bf16_model = make_model();
+  bf16_model->to(torch::kBFloat16);
+  EXPECT_THAT([&] { Trainer(bf16_model, base_args(temp_dir()).fp16(true), ToyDataset(10)); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("the model's parameters are bf16 but --fp16 was given")));
+  EXPECT_THAT([&] { Trainer(make_model(), base_args(dir).learning_rate(-1), ToyDataset(10)); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("learning_rate")));
+}
+
+TEST(TrainerTest, SaveTotalLimitKeepsTheNewestCheckpoints) {
+  const auto dir = temp_dir();
+  auto args = base_args(dir).max_steps(10).save_strategy("steps").save_steps(2).save_total_limit(2);
+  Trainer trainer(make_model(), args, ToyDataset(100));
+  trainer.train();
+  std::vector<std::string> names;
+  for (const auto& path : mantissa::detail::sorted_checkpoints(dir)) names.push_back(path.substr(dir.size() + 1));
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-8", "checkpoint-10"}));
+  for (const char* file : {"model.safetensors", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth",
+                           "trainer_state.json", "training_args.json"}) {
+    EXPECT_TRUE(mantissa::io::path_exists(dir + "/checkpoint-10/" + file)) << file;
+  }
+  EXPECT_TRUE(mantissa::io::path_exists(dir + "/trainer_log.jsonl"));
+}
+
+TEST(TrainerTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
+  const auto dir = temp_dir();
+  auto args = base_args(dir).max_steps(10).save_strategy("steps").save_steps(5);
+  mantissa::detail::checkpoint_write_hook = [](const std::string& path) {
+    if (path.find("checkpoint-10") != std::string::npos && path.find("optimizer.pt") != std::string::npos) {
+      throw std::runtime_error("No space left on device (simulated)");
+    }
+  };
+  Trainer trainer(make_model(), args, ToyDataset(100));
+  EXPECT_THROW(trainer.train(), std::runtime_error);
+  mantissa::detail::checkpoint_write_hook = nullptr;
+
+  std::vector<std::string> entries = mantissa::io::list_directory(dir);
+  for (const auto& name : entries) EXPECT_EQ(name.find("tmp-"), std::string::npos) << "left behind: " << name;
+  ASSERT_TRUE(mantissa::io::is_directory(dir + "/checkpoint-5"));
+  EXPECT_FALSE(mantissa::io::path_exists(dir + "/checkpoint-10"));
+  Trainer resumed(make_model(), args, ToyDataset(100));
+  resumed.train(dir + "/checkpoint-5");
+  EXPECT_EQ(resumed.state().global_step, 10);
+}
+
+TEST(TrainerTest, CorruptCheckpointNamesTheFile) {
+  const auto dir = temp_dir();
+  auto args = base_args(dir).max_steps(4).save_strategy("steps").save_steps(4);
+  Trainer(make_model(), args, ToyDataset(50)).train();
+  const auto checkpoint = dir + "/checkpoint-4";
+
+  const auto optimizer_file = checkpoint + "/optimizer.pt";
+  ASSERT_EQ(::unlink(optimizer_file.c_str()), 0);
+  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
+              ThrowsMessage<c10::Error>(HasSubstr("checkpoint file '" + optimizer_file + "' is missing")));
+
+  const auto state_file = checkpoint + "/trainer_state.json";
+  FILE* f = std::fopen(state_file.c_str(), "w");
+  std::fputs("{ not json", f);
+  std::fclose(f);
+  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train("latest"); },
+              ThrowsMessage<c10::Error>(HasSubstr("cannot load checkpoint file '" + state_file + "'")));
+}
+
+TEST(TrainerTest, EvaluationReportsLossAndAccuracyAndEarlyStoppingStops) {
+  auto model = make_model();
+  auto args = base_args(temp_dir()).max_steps(40).eval_strategy("steps").eval_steps(5).learning_rate(0.0);
+  Trainer trainer(model, args, ToyDataset(100), ToyDataset(40, /*seed=*/5));
+  auto early = std::make_shared<mantissa::EarlyStoppingCallback>(/*patience=*/2);
+  trainer.add_callback(early);
+  trainer.train();
+  // learning_rate 0: eval_loss never improves after the first evaluation, so training stops
+  // after the third evaluation (step 15) instead of running to 40.
+  EXPECT_EQ(trainer.state().global_step, 15);
+  const auto metrics = trainer.evaluate();
+  ASSERT_TRUE(metrics.count("eval_loss"));
+  ASSERT_TRUE(metrics.count("eval_accuracy"));
+  EXPECT_GE(metrics.at("eval_accuracy"), 0.0);
+  EXPECT_LE(metrics.at("eval_accuracy"), 1.0);
+  EXPECT_EQ(logged(trainer.state(), "eval_loss").size(), 4u);
+}
+
+TEST(TrainerTest, TrainingLearnsTheToyProblemInEachPrecision) {
+  for (const char* mode : {"fp32", "bf16", "fp16", "bf16-model"}) {
+    SCOPED_TRACE(mode);
+    auto model = make_model();
+    auto args = base_args(temp_dir()).num_train_epochs(8).learning_rate(2e-2).logging_steps(1000);
+    const std::string m = mode;
+    if (m == "bf16") args.bf16(true);
+    if (m == "fp16") args.fp16(true);
+    if (m == "bf16-model") model->to(torch::kBFloat16);
+    Trainer trainer(model, args, ToyDataset(256), ToyDataset(256));
+    const auto before = trainer.evaluate().at("eval_accuracy");
+    trainer.train();
+    const auto after = trainer.evaluate().at("eval_accuracy");
+    EXPECT_GT(after, 0.85) << "before training: " << before;
+    if (m == "bf16-model") {
+      EXPECT_TRUE(trainer.precision_plan().master_weights);
+      EXPECT_EQ(model->fc1->weight.scalar_type(), torch::kBFloat16);
+    }
+    if (m == "fp16") EXPECT_TRUE(trainer.precision_plan().loss_scaling);
+  }
+}
+
+// A checkpoint's files are read by Python's own tools: safetensors, and torch.load with
+// weights_only=True (what HF's Trainer uses on resume).
+TEST(TrainerTest, CheckpointFilesLoadInPython) {
+  const auto dir = temp_dir();
+  const auto scratch = temp_dir();
+  std::string python;
+  MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, "torch, safetensors.torch", scratch);
+  auto model = make_model();
+  auto args = base_args(dir).fp16(true).max_steps(4).save_strategy("steps").save_steps(4);
+  Trainer trainer(model, args, ToyDataset(64));
+  trainer.train();
+  const auto result = mantissa_test::run_python(python, R"(
+import json, sys, torch
+from safetensors.torch import load_file
+d = sys.argv[1]
+m = load_file(d + "/model.safetensors")
+print("model", ",".join(sorted(m)), repr(float(m["fc1.weight"].double().sum())))
+s = torch.load(d + "/scaler.pt", weights_only=True)
+print("scaler", repr(s["scale"]), s["_growth_tracker"], s["growth_interval"])
+sch = torch.load(d + "/scheduler.pt", weights_only=True)
+print("scheduler", sch["last_epoch"])
+r = torch.load(d + "/rng_state.pth", weights_only=True)
+print("rng", r["cpu"].dtype, r["cpu"].numel() > 0)
+print("state", json.load(open(d + "/trainer_state.json"))["global_step"])
+)", dir + "/checkpoint-4", scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const double weight_sum = model->fc1->weight.to(torch::kDouble).sum().item<double>();
+  EXPECT_THAT(result.output, HasSubstr("model fc1.bias,fc1.weight,fc2.bias,fc2.weight"));
+  const auto model_start = result.output.find("model ");
+  const auto model_line = result.output.substr(model_start, result.output.find('\n', model_start) - model_start);
+  EXPECT_NEAR(std::stod(model_line.substr(model_line.rfind(' ') + 1)), weight_sum, 1e-9);
+  EXPECT_THAT(result.output, HasSubstr("scaler " + std::to_string(static_cast<int>(trainer.scaler().get_scale())) + ".0 4 2000"));
+  EXPECT_THAT(result.output, HasSubstr("scheduler 4"));
+  EXPECT_THAT(result.output, HasSubstr("rng torch.uint8 True"));
+  EXPECT_THAT(result.output, HasSubstr("state 4"));
+}
+
+TEST(TrainerTest, TrainerStateJsonRoundTrip) {
+  TrainerState state;
+  state.global_step = 12;
+  state.epoch = 1.5;
+  state.best_metric = 0.25;
+  state.log_history = {{{"loss", 0.5}, {"step", 5}}, {{"eval_loss", std::nan("")}, {"step", 10}}};
+  const auto back = TrainerState::from_json(state.to_json());
+  EXPECT_EQ(back.global_step, 12);
+  EXPECT_EQ(back.epoch, 1.5);
+  EXPECT_EQ(back.best_metric, 0.25);
+  ASSERT_EQ(back.log_history.size(), 2u);
+  EXPECT_EQ(back.log_history[0].at("loss"), 0.5);
+  EXPECT_TRUE(std::isnan(back.log_history[1].at("eval_loss")));
+  EXPECT_THAT(state.to_json(), HasSubstr("\"global_step\": 12"));
+  EXPECT_THAT([] { TrainerState::from_json("[1, 2]"); }, ThrowsMessage<c10::Error>(HasSubstr("JSON object")));
+}
+
+}  // namespace
