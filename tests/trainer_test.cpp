@@ -17,6 +17,7 @@
 #include <mantissa/trainer.h>
 
 #include "io_test_util.h"
+#include "test_util.h"
 #include "trainer/checkpoint.h"
 
 namespace {
@@ -85,6 +86,7 @@ TrainingArguments base_args(const std::string& output_dir) {
       .logging_steps(5)
       .save_strategy("no")
       .seed(7)
+      .use_cpu(true)  // the CPU suite; TrainerCudaTest below runs on the GPU
       .disable_tqdm(true);
 }
 
@@ -331,20 +333,21 @@ TEST(TrainerTest, EvaluationReportsLossAndAccuracyAndEarlyStoppingStops) {
 }
 
 TEST(TrainerTest, TrainingLearnsTheToyProblemInEachPrecision) {
-  for (const char* mode : {"fp32", "bf16", "fp16", "bf16-model"}) {
+  for (const char* mode : {"fp32", "bf16", "fp16", "bf16-model", "bf16-model-fused", "fp32-fused"}) {
     SCOPED_TRACE(mode);
     auto model = make_model();
     auto args = base_args(temp_dir()).num_train_epochs(8).learning_rate(2e-2).logging_steps(1000);
     const std::string m = mode;
     if (m == "bf16") args.bf16(true);
     if (m == "fp16") args.fp16(true);
-    if (m == "bf16-model") model->to(torch::kBFloat16);
+    if (m.rfind("bf16-model", 0) == 0) model->to(torch::kBFloat16);
+    if (m.find("fused") != std::string::npos) args.optim("adamw_mantissa_fused");
     Trainer trainer(model, args, ToyDataset(256), ToyDataset(256));
     const auto before = trainer.evaluate().at("eval_accuracy");
     trainer.train();
     const auto after = trainer.evaluate().at("eval_accuracy");
     EXPECT_GT(after, 0.85) << "before training: " << before;
-    if (m == "bf16-model") {
+    if (m.rfind("bf16-model", 0) == 0) {
       EXPECT_TRUE(trainer.precision_plan().master_weights);
       EXPECT_EQ(model->fc1->weight.scalar_type(), torch::kBFloat16);
     }
@@ -404,6 +407,23 @@ TEST(TrainerTest, TrainerStateJsonRoundTrip) {
   EXPECT_TRUE(std::isnan(back.log_history[1].at("eval_loss")));
   EXPECT_THAT(state.to_json(), HasSubstr("\"global_step\": 12"));
   EXPECT_THAT([] { TrainerState::from_json("[1, 2]"); }, ThrowsMessage<c10::Error>(HasSubstr("JSON object")));
+}
+
+TEST(TrainerCudaTest, LearnsOnTheGpuInBf16AndFp16) {
+  MANTISSA_SKIP_WITHOUT_CUDA();
+  for (const char* mode : {"bf16", "fp16", "bf16-model"}) {
+    SCOPED_TRACE(mode);
+    auto model = make_model();
+    auto args = base_args(temp_dir()).use_cpu(false).num_train_epochs(8).learning_rate(2e-2).logging_steps(1000);
+    const std::string m = mode;
+    if (m == "bf16") args.bf16(true);
+    if (m == "fp16") args.fp16(true);
+    if (m == "bf16-model") model->to(torch::kBFloat16);
+    Trainer trainer(model, args, ToyDataset(256), ToyDataset(256));
+    trainer.train();
+    EXPECT_EQ(model->fc1->weight.device().type(), torch::kCUDA);
+    EXPECT_GT(trainer.evaluate().at("eval_accuracy"), 0.85);
+  }
 }
 
 }  // namespace

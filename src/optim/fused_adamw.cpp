@@ -4,7 +4,6 @@
 #include <mantissa/optim/fused_adamw.h>
 
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -77,18 +76,13 @@ void FusedAdamWParamState::serialize(torch::serialize::InputArchive& archive) {
                     at::kFloat));
     }
   }
-  for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+  auto read_tensor = [&](const char* key) {
     c10::IValue tensor;
-    if (!archive.try_read(key, tensor)) continue;
-    const auto& t = tensor.toTensor();
-    if (std::strcmp(key, "exp_avg") == 0) {
-      exp_avg(t);
-    } else if (std::strcmp(key, "exp_avg_sq") == 0) {
-      exp_avg_sq(t);
-    } else {
-      max_exp_avg_sq(t);
-    }
-  }
+    return archive.try_read(key, tensor) ? tensor.toTensor() : at::Tensor();
+  };
+  exp_avg(read_tensor("exp_avg"));
+  exp_avg_sq(read_tensor("exp_avg_sq"));
+  max_exp_avg_sq(read_tensor("max_exp_avg_sq"));
 }
 
 // ---- construction ---------------------------------------------------------------------

@@ -175,7 +175,10 @@ class Trainer::Impl {
                                                               .weight_decay(decay));
       };
       set_group_decay(make);
-      return std::make_unique<optim::FusedAdamW>(std::move(groups), optim::FusedAdamWOptions(args_.learning_rate()));
+      auto fused = std::make_unique<optim::FusedAdamW>(std::move(groups), optim::FusedAdamWOptions(args_.learning_rate()));
+      // The fused step writes the updated fp32 masters back into the bf16/fp16 model itself.
+      if (masters_ && masters_->has_low_precision()) fused->link_model_params(*masters_);
+      return fused;
     }
     if (name == "sgd") {
       auto make = [&](double decay) {

@@ -142,6 +142,6 @@ inline bool is_low_precision(c10::ScalarType dtype) noexcept {
 /// last place of a weight rounds away, so small learning rates can leave weights unchanged.
 /// Returns true when it warned now. The memory-lean mode stays available; this only says what
 /// it costs. Python: no equivalent (PyTorch stays silent). No sync.
-bool warn_pure_low_precision_once(c10::ScalarType dtype);
+bool warn_pure_low_precision_once(c10::ScalarType dtype = c10::ScalarType::BFloat16);
 
 }  // namespace mantissa::amp
