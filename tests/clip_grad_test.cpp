@@ -18,6 +18,7 @@
 // The wheel's LibTorch is a CUDA build; c10/cuda needs the CUDA runtime headers as well.
 #if __has_include(<c10/cuda/CUDAFunctions.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDAFunctions.h>
+#include "golden_util.h"
 #define MANTISSA_TEST_HAVE_C10_CUDA 1
 #endif
 
@@ -152,15 +153,7 @@ TEST(ClipGradTest, GetTotalNormThenClipEqualsClipGradNorm) {
 // ---------------------------------------------------------------------------------------------
 // Golden parity with Python.
 
-const json& golden() {
-  static const json doc = [] {
-    const std::string path = std::string(MANTISSA_TEST_DATA_DIR) + "/clip_grad_golden.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
-  return doc;
-}
+const json& golden() { return mantissa_test::golden_file("clip_grad_golden.json"); }
 
 double decode(const json& value) {
   if (value.is_string()) {

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <mantissa/amp/grad_scaler.h>
+#include "golden_util.h"
 
 namespace {
 
@@ -18,15 +19,7 @@ using mantissa::amp::GradScaler;
 using mantissa::amp::GradScalerOptions;
 using nlohmann::json;
 
-const json& golden() {
-  static const json doc = [] {
-    const std::string path = std::string(MANTISSA_TEST_DATA_DIR) + "/grad_scaler_golden.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
-  return doc;
-}
+const json& golden() { return mantissa_test::golden_file("grad_scaler_golden.json"); }
 
 torch::Tensor tensor_from(const json& values, at::IntArrayRef shape) {
   std::vector<float> data = values.get<std::vector<float>>();

@@ -14,6 +14,7 @@
 #include <mantissa/lr_scheduler.h>
 
 #include "io_test_util.h"
+#include "golden_util.h"
 
 namespace {
 
@@ -24,15 +25,7 @@ using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-const json& golden() {
-  static const json doc = [] {
-    const std::string path = std::string(MANTISSA_TEST_DATA_DIR) + "/lr_schedules.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
-  return doc;
-}
+const json& golden() { return mantissa_test::golden_file("lr_schedules.json"); }
 
 // An SGD optimizer with one param group per base lr.
 struct TwoGroups {

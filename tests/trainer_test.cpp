@@ -145,6 +145,18 @@ TEST(TrainerTest, ResumeContinuesTheIdenticalTrajectory) {
   }
 }
 
+TEST(TrainerTest, DataloaderWorkersGiveTheSameRun) {
+  auto run = [](int64_t workers) {
+    auto model = make_model();
+    Trainer trainer(model, base_args(temp_dir()).max_steps(12).dataloader_num_workers(workers), ToyDataset(100));
+    trainer.train();
+    return params_of(model);
+  };
+  const auto inline_loading = run(0);
+  const auto prefetched = run(3);
+  for (size_t i = 0; i < inline_loading.size(); ++i) EXPECT_TRUE(torch::equal(inline_loading[i], prefetched[i]));
+}
+
 TEST(TrainerTest, GradientAccumulationMatchesOneLargeBatch) {
   auto run = [](int64_t batch, int64_t accumulation) {
     torch::manual_seed(3);

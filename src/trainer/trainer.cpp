@@ -28,6 +28,7 @@
 
 #include "io/atomic_file.h"
 #include "trainer/checkpoint.h"
+#include "trainer/prefetch.h"
 #include "trainer/precision_plan.h"
 #include "trainer/progress.h"
 
@@ -496,6 +497,14 @@ class Trainer::Impl {
       state_.steps_in_epoch = skip;
       control_.should_epoch_stop = false;
       for (auto& cb : callbacks_) cb->on_epoch_begin(args_, state_, control_);
+      auto indices_of = [order_ptr, n, batch_size](std::int64_t b) {
+        std::vector<std::size_t> indices;
+        for (auto i = b * batch_size; i < std::min(n, (b + 1) * batch_size); ++i) {
+          indices.push_back(static_cast<std::size_t>(order_ptr[i]));
+        }
+        return indices;
+      };
+      detail::BatchPrefetcher batches(train_, indices_of, batches_per_epoch_, args_.dataloader_num_workers());
 
       for (std::int64_t b = skip; b < batches_per_epoch_; ++b) {
         const std::int64_t group_start = (b / accumulation) * accumulation;
@@ -504,13 +513,10 @@ class Trainer::Impl {
         if (b == group_start) {
           for (auto& cb : callbacks_) cb->on_step_begin(args_, state_, control_);
         }
-        std::vector<std::size_t> indices;
-        for (auto i = b * batch_size; i < std::min(n, (b + 1) * batch_size); ++i) {
-          indices.push_back(static_cast<std::size_t>(order_ptr[i]));
-        }
-        const auto batch = to_device(train_.get_batch(indices), device_);
-        samples_since_log_ += static_cast<std::int64_t>(indices.size());
-        samples_seen += static_cast<std::int64_t>(indices.size());
+        const auto batch = to_device(batches.get(b), device_);
+        const auto batch_examples = batch.data.size(0);
+        samples_since_log_ += batch_examples;
+        samples_seen += batch_examples;
         if (!c10::isFloatingType(batch.data.scalar_type())) {
           tokens_since_log_ += batch.data.numel();
           state_.num_input_tokens_seen += batch.data.numel();
