@@ -220,7 +220,8 @@ class Trainer::Impl {
     for (auto& cb : callbacks_) cb->on_pre_optimizer_step(args_, state_, control_);
     scaler_.step(*optimizer_);
     if (masters_ && !fused_writes_back_) masters_->copy_masters_to_model();
-    const double scale_before = plan_.loss_scaling ? scaler_.get_scale() : 1.0;
+    // A device copy: read on the host only if the step turns out skipped (for the log line).
+    const auto scale_before = plan_.loss_scaling ? scaler_.scale_tensor().clone() : torch::Tensor();
     if (args_.dynamic_loss_scale()) {
       scaler_.update();
     } else {
@@ -233,7 +234,7 @@ class Trainer::Impl {
       ++consecutive_skips_;
       progress_->print(fmt::format("step {}: gradients overflowed (inf/nan) at loss scale {:g}; optimizer step "
                                    "skipped, loss scale now {:g}",
-                                   state_.global_step + 1, scale_before, scaler_.get_scale()));
+                                   state_.global_step + 1, scale_before.item<double>(), scaler_.get_scale()));
       TORCH_CHECK(args_.max_consecutive_nonfinite() == 0 || consecutive_skips_ < args_.max_consecutive_nonfinite(),
                   "training stopped: ", consecutive_skips_, " optimizer steps in a row were skipped because the fp16 "
                   "gradients overflowed (loss scale now ", scaler_.get_scale(), "). The run is diverging: try --bf16 "
@@ -281,8 +282,9 @@ class Trainer::Impl {
 
   void log_training_progress() {
     const auto steps = state_.global_step - last_logged_step_;
-    const double loss = steps > 0 ? tr_loss_.item<double>() / static_cast<double>(steps) : 0.0;
-    total_loss_ += tr_loss_.item<double>();
+    const double window_loss = tr_loss_.item<double>();
+    const double loss = steps > 0 ? window_loss / static_cast<double>(steps) : 0.0;
+    total_loss_ += window_loss;
     tr_loss_.zero_();
     const double elapsed = seconds_since(log_window_start_);
     LogEntry logs{{"loss", loss}, {"learning_rate", scheduler_->get_last_lr().at(0)}};
