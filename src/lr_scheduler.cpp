@@ -113,6 +113,21 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
   step();
 }
 
+LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
+    : optimizer_(&optimizer), type_("lambda"), lr_lambda_(std::move(lr_lambda)), num_warmup_steps_(0),
+      num_training_steps_(0) {
+  TORCH_CHECK_VALUE(static_cast<bool>(lr_lambda_), "LrScheduler: the lr_lambda is empty");
+  TORCH_CHECK(!optimizer.param_groups().empty(), "LrScheduler: the optimizer has no param groups");
+  for (const auto& group : optimizer.param_groups()) base_lrs_.push_back(group.options().get_lr());
+  last_epoch_ = -1;
+  step();
+}
+
+double LrScheduler::factor_at(std::int64_t step) const {
+  if (lr_lambda_) return lr_lambda_(step);
+  return factor(parse_schedule(type_), step, num_warmup_steps_, num_training_steps_);
+}
+
 void LrScheduler::step() {
   ++step_count_;
   ++last_epoch_;
@@ -120,8 +135,7 @@ void LrScheduler::step() {
 }
 
 void LrScheduler::apply_lr() {
-  const Schedule schedule = parse_schedule(type_);
-  const double f = factor(schedule, last_epoch_, num_warmup_steps_, num_training_steps_);
+  const double f = factor_at(last_epoch_);
   auto& groups = optimizer_->param_groups();
   TORCH_CHECK(groups.size() == base_lrs_.size(), "LrScheduler: the optimizer has ", groups.size(),
               " param groups but the scheduler was built for ", base_lrs_.size());
@@ -176,8 +190,7 @@ void LrScheduler::load_state_dict(const c10::impl::GenericDict& state) {
                       last_lr.size(), " entries but the optimizer has ", num_groups,
                       " param groups");
   } else {
-    const double f =
-        factor(parse_schedule(type_), last_epoch, num_warmup_steps_, num_training_steps_);
+    const double f = factor_at(last_epoch);
     for (const double base_lr : base_lrs) last_lr.push_back(base_lr * f);
   }
   base_lrs_ = std::move(base_lrs);

@@ -14,6 +14,7 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/io/filesystem.h>
+#include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer.h>
 
 #include "io_test_util.h"
@@ -221,6 +222,25 @@ TEST(TrainerTest, SkippedStepLeavesParamsAndScheduleAndIsLogged) {
   }
   EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
   EXPECT_EQ(logged(trainer.state(), "skipped_steps").back(), 1.0);
+}
+
+TEST(TrainerTest, OptimizerAndSchedulerCanBePassedIn) {
+  auto model = make_model();
+  Trainer trainer(model, base_args(temp_dir()).max_steps(4), ToyDataset(64));
+  trainer.set_optimizer_factory([](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.5));
+  });
+  trainer.set_lr_scheduler_factory([](torch::optim::Optimizer& optimizer, int64_t total) {
+    EXPECT_EQ(total, 4);
+    return std::make_unique<mantissa::LrScheduler>(optimizer, [](int64_t step) { return 1.0 / (1 + step); });
+  });
+  auto recorder = std::make_shared<Recorder>();
+  recorder->trainer = &trainer;
+  recorder->model = model;
+  trainer.add_callback(recorder);
+  trainer.train();
+  EXPECT_NE(dynamic_cast<torch::optim::SGD*>(&trainer.optimizer()), nullptr);
+  EXPECT_EQ(recorder->lrs, (std::vector<double>{0.5 / 2, 0.5 / 3, 0.5 / 4, 0.5 / 5}));
 }
 
 TEST(TrainerTest, EndlessFp16OverflowStopsWithAClearError) {

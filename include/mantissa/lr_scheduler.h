@@ -3,6 +3,7 @@
 // torch.optim.lr_scheduler.LambdaLR.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,13 @@ class LrScheduler {
   /// negative step count, and `c10::Error` when the optimizer has no param groups.
   LrScheduler(torch::optim::Optimizer& optimizer, std::string type, std::int64_t num_warmup_steps,
               std::int64_t num_training_steps);
+
+  /// A learning-rate factor for step `step` (0 at construction), as LambdaLR's `lr_lambda`.
+  using LrLambda = std::function<double(std::int64_t step)>;
+
+  /// Any schedule: `lr = base_lr * lr_lambda(step)`. Python:
+  /// `torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)`. `type()` is then "lambda".
+  LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda);
 
   LrScheduler(LrScheduler&&) noexcept = default;
   LrScheduler& operator=(LrScheduler&&) noexcept = default;
@@ -105,9 +113,11 @@ class LrScheduler {
 
  private:
   void apply_lr();
+  double factor_at(std::int64_t step) const;
 
   torch::optim::Optimizer* optimizer_;
   std::string type_;
+  LrLambda lr_lambda_;
   std::int64_t num_warmup_steps_;
   std::int64_t num_training_steps_;
   std::vector<double> base_lrs_;

@@ -24,6 +24,7 @@ namespace mantissa {
 namespace amp {
 class GradScaler;
 }
+class LrScheduler;
 
 /// A batch as the Trainer sees it: LibTorch's `Example<>` (`data`, `target`).
 using Batch = torch::data::Example<>;
@@ -120,6 +121,11 @@ class Trainer {
   using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
       std::vector<torch::optim::OptimizerParamGroup> param_groups)>;
 
+  /// Builds the LR scheduler over the Trainer's optimizer for a run of `num_training_steps`
+  /// optimizer steps. Python: `Trainer(optimizers=(None, scheduler))` / `create_scheduler`.
+  using SchedulerFactory = std::function<std::unique_ptr<LrScheduler>(torch::optim::Optimizer& optimizer,
+                                                                      std::int64_t num_training_steps)>;
+
   /// A model, the arguments (validated here) and a training dataset.
   template <typename Model, typename TrainDataset>
   Trainer(Model model, TrainingArguments args, TrainDataset train_dataset)
@@ -149,6 +155,9 @@ class Trainer {
   Trainer& set_compute_metrics(MetricsFn fn);
   /// Replaces the optimizer chosen by `args.optim`.
   Trainer& set_optimizer_factory(OptimizerFactory factory);
+  /// Replaces the schedule chosen by `args.lr_scheduler_type` (e.g. an `LrScheduler` built
+  /// from a lambda). It is stepped only after optimizer steps that ran, as HF does.
+  Trainer& set_lr_scheduler_factory(SchedulerFactory factory);
   /// Adds a callback. Python: `trainer.add_callback(cb)`.
   Trainer& add_callback(std::shared_ptr<TrainerCallback> callback);
 

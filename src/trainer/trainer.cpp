@@ -131,8 +131,10 @@ class Trainer::Impl {
       auto* fused = dynamic_cast<optim::FusedAdamW*>(optimizer_.get());
       return fused != nullptr && fused->writes_back_to_model();
     }();
-    scheduler_ = std::make_unique<LrScheduler>(*optimizer_, args_.lr_scheduler_type(),
-                                               args_.get_warmup_steps(max_steps_), max_steps_);
+    scheduler_ = scheduler_factory_ ? scheduler_factory_(*optimizer_, max_steps_)
+                                    : std::make_unique<LrScheduler>(*optimizer_, args_.lr_scheduler_type(),
+                                                                    args_.get_warmup_steps(max_steps_), max_steps_);
+    TORCH_CHECK_VALUE(scheduler_ != nullptr, "the scheduler factory returned null");
     scaler_ = amp::GradScaler(amp::GradScalerOptions()
                                   .enabled(plan_.loss_scaling)
                                   .init_scale(args_.init_loss_scale())
@@ -588,6 +590,7 @@ class Trainer::Impl {
   LossFn compute_loss_;
   MetricsFn compute_metrics_;
   OptimizerFactory optimizer_factory_;
+  SchedulerFactory scheduler_factory_;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks_;
 
   bool prepared_ = false;
@@ -641,6 +644,11 @@ Trainer& Trainer::set_compute_metrics(MetricsFn fn) {
 Trainer& Trainer::set_optimizer_factory(OptimizerFactory factory) {
   TORCH_CHECK_VALUE(!impl_->prepared_, "set_optimizer_factory must be called before the optimizer is created");
   impl_->optimizer_factory_ = std::move(factory);
+  return *this;
+}
+Trainer& Trainer::set_lr_scheduler_factory(SchedulerFactory factory) {
+  TORCH_CHECK_VALUE(!impl_->prepared_, "set_lr_scheduler_factory must be called before training starts");
+  impl_->scheduler_factory_ = std::move(factory);
   return *this;
 }
 Trainer& Trainer::add_callback(std::shared_ptr<TrainerCallback> callback) {
