@@ -71,12 +71,8 @@ Mlp make_model(uint64_t seed = 1) {
   return Mlp();
 }
 
-std::string temp_dir() {
-  std::string pattern = ::testing::TempDir() + "mantissa-trainer-XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
+// Kept after the test (a run's output folder is worth a look when a test fails).
+std::string temp_dir() { return mantissa::io::make_temp_directory(::testing::TempDir(), "mantissa-trainer-"); }
 
 TrainingArguments base_args(const std::string& output_dir) {
   return TrainingArguments()

@@ -39,11 +39,6 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   io::write_file_atomically(path, bytes.str());
 }
 
-void load_archive(const std::string& path, torch::serialize::InputArchive& archive) {
-  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
-  archive.load_from(path);
-}
-
 // Runs `load`, re-raising any error with the file's name in front.
 template <typename Fn>
 void loading(const std::string& path, Fn&& load) {
@@ -159,13 +154,13 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   if (parts.masters != nullptr) {
     loading(file("master_weights.pt"), [&] {
       torch::serialize::InputArchive archive;
-      load_archive(file("master_weights.pt"), archive);
+      archive.load_from(file("master_weights.pt"));
       parts.masters->load(archive);
     });
   }
   loading(file("optimizer.pt"), [&] {
     torch::serialize::InputArchive archive;
-    load_archive(file("optimizer.pt"), archive);
+    archive.load_from(file("optimizer.pt"));
     parts.optimizer->load(archive);
   });
   loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });

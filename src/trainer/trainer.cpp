@@ -127,6 +127,9 @@ class Trainer::Impl {
     TORCH_CHECK_VALUE(!groups.empty(), "the model has no parameter that requires grad");
     optimizer_ = optimizer_factory_ ? optimizer_factory_(groups) : create_optimizer(groups, decay.empty());
     TORCH_CHECK_VALUE(optimizer_ != nullptr, "the optimizer factory returned null");
+    for (const auto& group : optimizer_->param_groups()) {
+      optimized_params_.insert(optimized_params_.end(), group.params().begin(), group.params().end());
+    }
     fused_writes_back_ = [&] {
       auto* fused = dynamic_cast<optim::FusedAdamW*>(optimizer_.get());
       return fused != nullptr && fused->writes_back_to_model();
@@ -217,7 +220,7 @@ class Trainer::Impl {
     if (masters_) masters_->copy_grads_to_masters();
     scaler_.unscale_(*optimizer_);
     if (args_.max_grad_norm() > 0) {
-      grad_norm_ = clip_grad_norm_(optimized_params(), args_.max_grad_norm());
+      grad_norm_ = clip_grad_norm_(optimized_params_, args_.max_grad_norm());
     }
     for (auto& cb : callbacks_) cb->on_pre_optimizer_step(args_, state_, control_);
     scaler_.step(*optimizer_);
@@ -249,14 +252,6 @@ class Trainer::Impl {
     module_->zero_grad();
     if (masters_) masters_->zero_grad();
     return skipped;
-  }
-
-  std::vector<torch::Tensor> optimized_params() const {
-    std::vector<torch::Tensor> params;
-    for (const auto& group : optimizer_->param_groups()) {
-      for (const auto& p : group.params()) params.push_back(p);
-    }
-    return params;
   }
 
   // ---- logging, evaluation, saving -----------------------------------------------------------
@@ -596,6 +591,7 @@ class Trainer::Impl {
   bool prepared_ = false;
   std::unique_ptr<amp::MasterWeights> masters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<torch::Tensor> optimized_params_;  // every param group's tensors: what is clipped
   std::unique_ptr<LrScheduler> scheduler_;
   amp::GradScaler scaler_{amp::GradScalerOptions().enabled(false)};
   bool fused_writes_back_ = false;
