@@ -651,6 +651,9 @@ void TrainingArguments::validate() const {
   // Data loading.
   TORCH_CHECK_VALUE(dataloader_num_workers_ >= 0,
                     "dataloader_num_workers must be non-negative, got ", dataloader_num_workers_);
+  TORCH_CHECK_VALUE(cuda_graph_warmup_steps_ >= 1,
+                    "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an "
+                    "eager step), got ", cuda_graph_warmup_steps_);
 
   // Hardware: only asked when a precision mode needs it, so plain fp32 runs never touch CUDA.
   if (bf16_ || fp16_ || bf16_full_eval_ || fp16_full_eval_ || tf32_.value_or(false)) {

@@ -21,6 +21,12 @@
 #include "optim/fused_adamw_kernels.h"
 #include "test_util.h"
 
+#ifdef MANTISSA_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace {
 
 using mantissa::amp::GradScaler;
@@ -481,6 +487,59 @@ TEST(FusedAdamWTest, EveryBuiltCpuKernelAgrees) {
 }
 
 // Checkpoint mid-training: the restored run continues the identical trajectory.
+// Capturable: each group's rate is read from a tensor (what a CUDA graph replays). While a
+// schedule changes the rate every step, the trajectory is bit for bit the plain one, through
+// the kernel (fp32) and the ATen fallback (fp64) alike.
+TEST(FusedAdamWTest, CapturableReadsTheRateFromItsTensorBitForBit) {
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    torch::manual_seed(21);
+    auto plain_params = random_params(dtype);
+    auto capturable_params = clones(plain_params);
+    const auto options = FusedAdamWOptions(1e-2).weight_decay(0.1);
+    FusedAdamW plain(plain_params, options);
+    FusedAdamW capturable(capturable_params, options);
+    EXPECT_FALSE(capturable.capturable());
+    capturable.set_capturable(true);
+    ASSERT_TRUE(capturable.capturable());
+    EXPECT_EQ(capturable.lr_tensor(0).scalar_type(), torch::kDouble);
+    EXPECT_EQ(capturable.lr_tensor(0).dim(), 0);
+    EXPECT_EQ(capturable.lr_tensor(0).item<double>(), 1e-2);
+    for (int step = 0; step < 8; ++step) {
+      const double lr = 1e-2 * (1.0 - step / 10.0);
+      plain.param_groups()[0].options().set_lr(lr);
+      capturable.param_groups()[0].options().set_lr(lr);
+      const auto grads = random_grads(plain_params);
+      set_grads(plain_params, grads);
+      set_grads(capturable_params, grads);
+      plain.step();
+      capturable.step();  // eager: refreshes the tensor first
+      EXPECT_EQ(capturable.lr_tensor(0).item<double>(), lr);
+    }
+    for (size_t i = 0; i < plain_params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(plain_params[i], capturable_params[i])) << dtype << " tensor " << i;
+    }
+  }
+}
+
+TEST(FusedAdamWTest, LrTensorsFollowTheOptionsOnlyWhenRefreshed) {
+  auto params = random_params();
+  FusedAdamW opt(params, FusedAdamWOptions(1e-3));
+  EXPECT_THAT([&] { opt.lr_tensor(0); }, ThrowsMessage<c10::Error>(HasSubstr("not capturable")));
+  opt.set_capturable(true);
+  const auto tensor = opt.lr_tensor(0);
+  opt.param_groups()[0].options().set_lr(0.5);
+  EXPECT_EQ(tensor.item<double>(), 1e-3);  // a replayed graph would still see 1e-3 ...
+  opt.refresh_lr_tensors();
+  EXPECT_EQ(tensor.item<double>(), 0.5);   // ... until this, which writes the same memory
+  EXPECT_TRUE(opt.lr_tensor(0).is_same(tensor));
+  opt.add_param_group(torch::optim::OptimizerParamGroup({leaf(torch::randn({3}))}));
+  opt.refresh_lr_tensors();
+  EXPECT_EQ(opt.lr_tensor(1).item<double>(), 1e-3);  // the new group took the defaults
+  EXPECT_THAT([&] { opt.lr_tensor(2); }, ThrowsMessage<c10::IndexError>(HasSubstr("group 2 of 2")));
+  opt.set_capturable(false);
+  EXPECT_THAT([&] { opt.lr_tensor(0); }, ThrowsMessage<c10::Error>(HasSubstr("not capturable")));
+}
+
 TEST(FusedAdamWTest, CheckpointRoundTripContinuesIdentically) {
   struct Run {
     torch::nn::Sequential model{nullptr};
@@ -734,6 +793,75 @@ TEST(FusedAdamWCudaTest, SkipsOnDeviceFoundInfAndMatchesAdamW) {
     EXPECT_LE(max_abs_diff(params[i], gpu[i].cpu()), 1e-6) << i;
     EXPECT_EQ(fused_state(fused, gpu[i]).step().item<float>(), 9.f);
   }
+}
+
+// The proof that the step never syncs: it can be captured in a CUDA graph. Replays with new
+// gradients and a new rate each time follow the eager optimizer bit for bit (same kernel).
+TEST(FusedAdamWCudaTest, CapturedStepReplaysWithTheCurrentRateBitForBit) {
+  MANTISSA_SKIP_WITHOUT_CUDA();
+#ifdef MANTISSA_WITH_CUDA
+  torch::manual_seed(22);
+  std::vector<torch::Tensor> eager_params;
+  std::vector<torch::Tensor> graph_params;
+  for (const auto& p : random_params()) {
+    eager_params.push_back(leaf(p.cuda()));
+    graph_params.push_back(leaf(p.cuda()));
+  }
+  const auto options = FusedAdamWOptions(1e-2).weight_decay(0.1);
+  FusedAdamW eager(eager_params, options);
+  FusedAdamW graphed(graph_params, options);
+  graphed.set_capturable(true);
+  GradScaler scaler(GradScalerOptions().init_scale(1024.));
+  scaler.scale(torch::ones({}, torch::kCUDA));
+  auto set_all = [&](const std::vector<torch::Tensor>& grads, bool overflow) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      auto g = (grads[i] * 1024).cuda();
+      if (overflow && i == 2) g[0][0] = kInf;
+      eager_params[i].mutable_grad() = g.clone();
+      if (graph_params[i].grad().defined()) {
+        graph_params[i].mutable_grad().copy_(g);  // the captured step reads these addresses
+      } else {
+        graph_params[i].mutable_grad() = g.clone();
+      }
+    }
+  };
+  // One eager step each makes the optimizer state, which the graph then reads and writes.
+  set_all(random_grads(eager_params), false);
+  eager.step();
+  graphed.step();
+
+  GradScaler graph_scaler(GradScalerOptions().init_scale(1024.));
+  graph_scaler.scale(torch::ones({}, torch::kCUDA));
+  at::cuda::CUDAGraph graph;
+  auto side = c10::cuda::getStreamFromPool();
+  side.synchronize();
+  torch::cuda::synchronize();
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin();
+    graph_scaler.step(graphed);
+    graph_scaler.update();
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  for (int step = 0; step < 6; ++step) {
+    const double lr = 1e-2 / (step + 2);
+    eager.param_groups()[0].options().set_lr(lr);
+    graphed.param_groups()[0].options().set_lr(lr);
+    set_all(random_grads(eager_params), /*overflow=*/step == 3);
+    scaler.step(eager);
+    scaler.update();
+    graphed.refresh_lr_tensors();
+    graph.replay();
+  }
+  torch::cuda::synchronize();
+  EXPECT_EQ(graph_scaler.get_scale(), scaler.get_scale());
+  EXPECT_EQ(graph_scaler.skipped_steps(), 1);
+  for (size_t i = 0; i < eager_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(eager_params[i], graph_params[i])) << "tensor " << i;
+    EXPECT_EQ(fused_state(graphed, graph_params[i]).step().item<float>(), 6.f);  // 1 + 6 - 1 skipped
+  }
+#endif
 }
 
 }  // namespace

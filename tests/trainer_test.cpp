@@ -437,6 +437,29 @@ TEST(TrainerTest, TrainerStateJsonRoundTrip) {
   EXPECT_THAT([] { TrainerState::from_json("[1, 2]"); }, ThrowsMessage<c10::Error>(HasSubstr("JSON object")));
 }
 
+// cuda_graph where no graph can be made (here: the CPU): one line says why, and the run is
+// the eager one, loss for loss.
+TEST(TrainerTest, CudaGraphWithoutAGpuSaysWhyAndTrainsEagerly) {
+  auto run = [](bool graph, std::string* out) {
+    auto model = make_model();
+    auto args = base_args(temp_dir()).max_steps(10).logging_steps(1).optim("adamw_torch_fused").cuda_graph(graph);
+    Trainer trainer(model, args, ToyDataset(100));
+    ::testing::internal::CaptureStdout();
+    trainer.train();
+    *out = ::testing::internal::GetCapturedStdout();
+    return logged(trainer.state(), "loss");
+  };
+  std::string eager_out;
+  std::string graph_out;
+  const auto eager = run(false, &eager_out);
+  const auto graphed = run(true, &graph_out);
+  ASSERT_EQ(eager.size(), 10u);
+  EXPECT_EQ(graphed, eager);
+  EXPECT_THAT(graph_out, HasSubstr("cuda_graph: off, training eagerly: the device is cpu; CUDA graphs need a "
+                                   "CUDA device"));
+  EXPECT_THAT(eager_out, ::testing::Not(HasSubstr("cuda_graph")));
+}
+
 TEST(TrainerCudaTest, LearnsOnTheGpuInBf16AndFp16) {
   MANTISSA_SKIP_WITHOUT_CUDA();
   for (const char* mode : {"bf16", "fp16", "bf16-model"}) {
@@ -451,6 +474,49 @@ TEST(TrainerCudaTest, LearnsOnTheGpuInBf16AndFp16) {
     trainer.train();
     EXPECT_EQ(model->fc1->weight.device().type(), torch::kCUDA);
     EXPECT_GT(trainer.evaluate().at("eval_accuracy"), 0.85);
+  }
+}
+
+// The captured step is the eager step: the same losses, parameters and loss scale in each
+// precision, with the smaller last batch of each epoch (100 = 12 x 8 + 4) run eagerly.
+TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
+  MANTISSA_SKIP_WITHOUT_CUDA();
+  for (const std::string mode : {"fp32", "bf16", "fp16", "bf16-model"}) {
+    SCOPED_TRACE(mode);
+    struct Run {
+      std::vector<double> losses;
+      std::vector<torch::Tensor> params;
+      double scale;
+      std::string out;
+    };
+    auto run = [&](bool graph) {
+      auto model = make_model();
+      model->dropout->options.p(0.0);
+      auto args = base_args(temp_dir()).use_cpu(false).num_train_epochs(2).logging_steps(1)
+                      .optim("adamw_torch_fused").weight_decay(0.01).cuda_graph(graph);
+      if (mode == "bf16") args.bf16(true);
+      if (mode == "fp16") args.fp16(true);
+      if (mode == "bf16-model") model->to(torch::kBFloat16);
+      Trainer trainer(model, args, ToyDataset(100));
+      ::testing::internal::CaptureStdout();
+      trainer.train();
+      Run r{logged(trainer.state(), "loss"), {}, trainer.scaler().get_scale(),
+            ::testing::internal::GetCapturedStdout()};
+      for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu().to(torch::kFloat));
+      return r;
+    };
+    const auto eager = run(false);
+    const auto graphed = run(true);
+    EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: step 4 captured (data [8, 8] Float, target [8] Long)"));
+    EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: a batch of shape [4, 8] does not fit the captured step"));
+    ASSERT_EQ(graphed.losses.size(), eager.losses.size());
+    for (size_t i = 0; i < eager.losses.size(); ++i) {
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * std::abs(eager.losses[i])) << "step " << i + 1;
+    }
+    for (size_t i = 0; i < eager.params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(graphed.params[i], eager.params[i], 1e-5, 1e-6)) << "param " << i;
+    }
+    EXPECT_EQ(graphed.scale, eager.scale);
   }
 }
 

@@ -176,7 +176,10 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.dataloader_num_workers(), 0);
   EXPECT_FALSE(a.dataloader_drop_last());
   EXPECT_FALSE(a.disable_tqdm());
-  EXPECT_EQ(field_names().size(), 47u) << "a field was added or removed: update this test, "
+  EXPECT_TRUE(a.dataloader_pin_memory());
+  EXPECT_FALSE(a.cuda_graph());
+  EXPECT_EQ(a.cuda_graph_warmup_steps(), 3);
+  EXPECT_EQ(field_names().size(), 50u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -237,7 +240,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--loss_scale_window", "500", "--hysteresis", "2", "--consecutive_hysteresis",
       "--min_loss_scale", "1", "--max_loss_scale", "1e6", "--max_consecutive_nonfinite", "5",
       "--use_cpu", "--dataloader_num_workers", "2", "--dataloader_drop_last", "--disable_tqdm"};
-  const std::vector<std::string> argv2 = {"--fp16", "--fp16_full_eval", "true", "--use_cpu"};
+  const std::vector<std::string> argv2 = {"--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
+                                          "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false"};
 
   // Every field of the table is exercised by one of the two command lines.
   std::set<std::string> seen(argv1.begin(), argv1.end());
@@ -298,6 +302,9 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_TRUE(b.fp16());
   EXPECT_TRUE(b.fp16_full_eval());
   EXPECT_FALSE(b.bf16());
+  EXPECT_FALSE(b.dataloader_pin_memory());
+  EXPECT_TRUE(b.cuda_graph());
+  EXPECT_EQ(b.cuda_graph_warmup_steps(), 5);
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {
@@ -628,6 +635,8 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
        "max_consecutive_nonfinite must be non-negative (0 = never stop), got -1"},
       {"workers", TrainingArguments(d).dataloader_num_workers(-1),
        "dataloader_num_workers must be non-negative, got -1"},
+      {"graph warmup", TrainingArguments(d).cuda_graph_warmup_steps(0),
+       "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an eager step), got 0"},
       {"output_dir", TrainingArguments(d).output_dir(""), "output_dir must not be empty"},
       {"resume", TrainingArguments(d).resume_from_checkpoint(std::string()),
        "resume_from_checkpoint must be a checkpoint folder or 'latest', got ''"},

@@ -138,7 +138,18 @@
     "main thread.")                                                                                \
   X(bool, dataloader_drop_last, false,                                                             \
     "Drop the last incomplete batch if it is not divisible by the batch size.")                    \
-  X(bool, disable_tqdm, false, "Whether or not to disable the progress bars.")
+  X(bool, dataloader_pin_memory, true,                                                             \
+    "Whether or not to pin memory for data loaders (page-locked batches copy to the GPU "          \
+    "without blocking the host).")                                                                 \
+  X(bool, disable_tqdm, false, "Whether or not to disable the progress bars.")                    \
+  /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */      \
+  X(bool, cuda_graph, false,                                                                       \
+    "Capture the training step (forward, backward, unscale, clip, optimizer step, loss-scale "     \
+    "update) in a CUDA graph after the warm-up steps and replay it. Needs a CUDA device, "         \
+    "optim adamw_torch_fused or adamw_mantissa_fused and gradient_accumulation_steps 1; "          \
+    "otherwise, and for batches of another shape, the step runs eagerly.")                        \
+  X(int64_t, cuda_graph_warmup_steps, 3,                                                           \
+    "Eager optimizer steps before the step is captured (cuda_graph).")
 // clang-format on
 
 namespace mantissa {

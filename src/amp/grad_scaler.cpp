@@ -248,6 +248,16 @@ at::Tensor GradScaler::combined_found_inf() const {
   return combined;
 }
 
+void GradScaler::remember_found_inf(const at::Tensor& found_inf) {
+  // In place once it exists, so that a step captured in a CUDA graph keeps updating the
+  // tensor `last_step_skipped()` reads.
+  if (last_found_inf_.defined() && last_found_inf_.device() == found_inf.device()) {
+    last_found_inf_.copy_(found_inf.reshape({}));
+  } else {
+    last_found_inf_ = found_inf.reshape({}).to(at::kFloat).clone();
+  }
+}
+
 void GradScaler::update() {
   if (!options_.enabled()) return;
   check_scale_growth_tracker("update");
@@ -260,7 +270,7 @@ void GradScaler::update() {
                            options_.backoff_factor(), options_.growth_interval());
   }
   skipped_steps_.add_(found_inf.gt(0));
-  last_found_inf_ = found_inf;
+  remember_found_inf(found_inf);
   per_optimizer_states_.clear();
 }
 
@@ -303,7 +313,7 @@ void GradScaler::update(double new_scale) {
   scale_.fill_(new_scale);
   if (auto found_inf = combined_found_inf(); found_inf.defined()) {
     skipped_steps_.add_(found_inf.gt(0));
-    last_found_inf_ = found_inf;
+    remember_found_inf(found_inf);
   }
   per_optimizer_states_.clear();
 }
@@ -320,7 +330,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
   scale_.copy_(new_scale.reshape({}));
   if (auto found_inf = combined_found_inf(); found_inf.defined()) {
     skipped_steps_.add_(found_inf.gt(0));
-    last_found_inf_ = found_inf;
+    remember_found_inf(found_inf);
   }
   per_optimizer_states_.clear();
 }

@@ -15,6 +15,11 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#ifdef MANTISSA_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 #include "optim/fused_adamw_kernels.h"
 
 namespace mantissa::optim {
@@ -175,6 +180,36 @@ void FusedAdamW::clear_amp_scaling() {
   found_inf_.reset();
 }
 
+void FusedAdamW::set_capturable(bool capturable) {
+  capturable_ = capturable;
+  if (capturable_) {
+    refresh_lr_tensors();
+  } else {
+    lr_tensors_.clear();
+  }
+}
+
+void FusedAdamW::refresh_lr_tensors() {
+  if (!capturable_) return;
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    const double lr = param_groups_[g].options().get_lr();
+    if (g < lr_tensors_.size()) {
+      lr_tensors_[g].fill_(lr);  // in place: a captured step keeps reading this memory
+      continue;
+    }
+    const auto& params = param_groups_[g].params();
+    const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+    lr_tensors_.push_back(at::full({}, lr, at::TensorOptions().dtype(at::kDouble).device(device)));
+  }
+}
+
+const at::Tensor& FusedAdamW::lr_tensor(std::size_t group) const {
+  TORCH_CHECK(capturable_, "FusedAdamW::lr_tensor: the optimizer is not capturable (set_capturable(true))");
+  TORCH_CHECK_INDEX(group < lr_tensors_.size(), "FusedAdamW::lr_tensor: group ", group, " of ",
+                    lr_tensors_.size());
+  return lr_tensors_[group];
+}
+
 void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
 }
@@ -200,6 +235,23 @@ void FusedAdamW::load(torch::serialize::InputArchive& archive) {
 // ---- the step -------------------------------------------------------------------------
 
 namespace {
+
+// Whether the current CUDA stream is being captured into a graph. Asks CUDA only when some
+// parameter lives there (a CUDA build of LibTorch on a machine without a GPU must not).
+bool is_capturing(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+#ifdef MANTISSA_WITH_CUDA
+  for (const auto& group : groups) {
+    for (const auto& p : group.params()) {
+      if (p.is_cuda()) {
+        const c10::cuda::CUDAGuard device_guard(p.device());
+        return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+      }
+    }
+  }
+#endif
+  (void)groups;
+  return false;
+}
 
 struct Item {
   at::Tensor param;
@@ -249,12 +301,12 @@ bool kernel_can_run(const Item& item, bool amsgrad) {
          (!amsgrad || same_dense_layout(p, s.max_exp_avg_sq())) && same_dense_layout(p, item.model);
 }
 
-detail::AdamWScalars group_scalars(const FusedAdamWOptions& o) {
+detail::AdamWScalars group_scalars(const FusedAdamWOptions& o, double lr) {
   const auto [beta1, beta2] = o.betas();
   detail::AdamWScalars s{};
   // Each value is computed in double and rounded to fp32 once, as ATen does with a double
   // scalar applied to a float tensor in torch::optim::AdamW.
-  s.decay = static_cast<float>(1 - o.lr() * o.weight_decay());
+  s.decay = static_cast<float>(1 - lr * o.weight_decay());
   s.beta1 = static_cast<float>(beta1);
   s.one_minus_beta1 = static_cast<float>(1 - beta1);
   s.beta2 = static_cast<float>(beta2);
@@ -265,8 +317,9 @@ detail::AdamWScalars group_scalars(const FusedAdamWOptions& o) {
 }
 
 // Any device and dtype, plain ATen ops; no sync: a skipped step writes back the old values.
-void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tensor& grad_scale,
-                    const at::Tensor& found_inf) {
+// `lr_tensor` (capturable) replaces `o.lr()` so that a captured graph reads the current rate.
+void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tensor& lr_tensor,
+                    const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   auto& s = *item.state;
   auto param = item.param;
   const auto opmath = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -280,14 +333,15 @@ void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tens
   const auto step_d = step.to(at::kDouble);
   const auto bias_correction1 = 1 - at::pow(beta1, step_d);
   const auto bias_correction2 = 1 - at::pow(beta2, step_d);
-  auto p = param.to(opmath).mul(1 - o.lr() * o.weight_decay());
+  const auto lr = lr_tensor.defined() ? lr_tensor.to(param.device()) : at::scalar_tensor(o.lr(), at::kDouble);
+  auto p = param.to(opmath).mul((1 - lr * o.weight_decay()).to(opmath));
   auto m = s.exp_avg().to(opmath).mul(beta1).add_(g, 1 - beta1);
   auto v = s.exp_avg_sq().to(opmath).mul(beta2).addcmul_(g, g, 1 - beta2);
   at::Tensor vmax;
   if (o.amsgrad()) vmax = at::maximum(s.max_exp_avg_sq().to(opmath), v);
   const auto denom =
       ((o.amsgrad() ? vmax : v).sqrt() / bias_correction2.sqrt().to(opmath)).add_(o.eps());
-  p.add_((-o.lr() / bias_correction1).to(opmath) * m / denom);
+  p.add_((-lr.to(bias_correction1.device()) / bias_correction1).to(opmath) * m / denom);
 
   auto commit = [&](at::Tensor dst, const at::Tensor& value) {
     if (found_inf.defined()) {
@@ -306,10 +360,11 @@ void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tens
 }
 
 void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
-             const at::Tensor& grad_scale, const at::Tensor& found_inf) {
-  // On the CPU, reading the flag and the scale is a memory read, not a device sync.
+             const at::Tensor& lr_tensor, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  // On the CPU, reading the flag, the scale and the rate is a memory read, not a device sync.
   if (found_inf.defined() && found_inf.to(at::kCPU, at::kFloat).item<float>() != 0.f) return;
-  auto scalars = group_scalars(o);
+  const double lr = lr_tensor.defined() ? lr_tensor.to(at::kCPU).item<double>() : o.lr();
+  auto scalars = group_scalars(o, lr);
   if (grad_scale.defined()) {
     scalars.unscale = true;
     scalars.inv_scale =
@@ -332,7 +387,7 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
     t.max_exp_avg_sq = o.amsgrad() ? s.max_exp_avg_sq().data_ptr() : nullptr;
     t.model = item.model.defined() ? item.model.data_ptr() : nullptr;
     t.numel = item.param.numel();
-    t.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
+    t.neg_step_size = static_cast<float>(-(lr / bias_correction1));
     t.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
     tensors.push_back(t);
   }
@@ -351,7 +406,7 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
 
 #ifdef MANTISSA_WITH_CUDA
 void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
-              const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+              const at::Tensor& lr_tensor, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps;
   for (auto& item : items) {
     auto& s = *item.state;
@@ -364,13 +419,14 @@ void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOp
     steps.push_back(s.step());
   }
   const auto [beta1, beta2] = o.betas();
-  detail::cuda::AdamWCudaHyper hyper{o.lr(), beta1, beta2, group_scalars(o)};
+  detail::cuda::AdamWCudaHyper hyper{o.lr(), beta1, beta2, o.weight_decay(), group_scalars(o, o.lr())};
   // Flags on another device are copied without blocking (GradScaler keeps one per device).
-  auto on_device = [&](const at::Tensor& t) {
-    return t.defined() ? t.to(key.device, at::kFloat, /*non_blocking=*/true) : t;
+  auto on_device = [&](const at::Tensor& t, c10::ScalarType dtype) {
+    return t.defined() ? t.to(key.device, dtype, /*non_blocking=*/true) : t;
   };
   detail::cuda::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps,
-                            hyper, o.amsgrad(), on_device(grad_scale), on_device(found_inf));
+                            hyper, o.amsgrad(), on_device(lr_tensor, at::kDouble),
+                            on_device(grad_scale, at::kFloat), on_device(found_inf, at::kFloat));
 }
 #endif
 
@@ -383,8 +439,19 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  for (auto& group : param_groups_) {
+  if (capturable_) {
+    if (is_capturing(param_groups_)) {
+      TORCH_CHECK(lr_tensors_.size() == param_groups_.size(),
+                  "FusedAdamW: a param group was added after the learning-rate tensors were made; "
+                  "call refresh_lr_tensors() before capturing the step");
+    } else {
+      refresh_lr_tensors();
+    }
+  }
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    auto& group = param_groups_[g];
     const auto& options = static_cast<const FusedAdamWOptions&>(group.options());
+    const at::Tensor lr_tensor = capturable_ ? lr_tensors_[g] : at::Tensor();
     std::map<BucketKey, std::vector<Item>> buckets;
     std::vector<Item> fallback;
     for (auto& p : group.params()) {
@@ -422,16 +489,16 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     }
     for (auto& [key, items] : buckets) {
       if (key.device.is_cpu()) {
-        run_cpu(key, items, options, grad_scale_, found_inf_);
+        run_cpu(key, items, options, lr_tensor, grad_scale_, found_inf_);
       } else {
 #ifdef MANTISSA_WITH_CUDA
-        run_cuda(key, items, options, grad_scale_, found_inf_);
+        run_cuda(key, items, options, lr_tensor, grad_scale_, found_inf_);
 #else
         TORCH_INTERNAL_ASSERT(false, "FusedAdamW: no kernel for ", key.device);
 #endif
       }
     }
-    for (auto& item : fallback) adamw_fallback(item, options, grad_scale_, found_inf_);
+    for (auto& item : fallback) adamw_fallback(item, options, lr_tensor, grad_scale_, found_inf_);
   }
   return loss;
 }

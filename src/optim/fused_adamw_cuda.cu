@@ -50,7 +50,8 @@ struct StepList {
 };
 
 struct Hyper {
-  double lr, beta1, beta2;
+  double lr, beta1, beta2, weight_decay;
+  const double* lr_on_device;  // capturable: read the rate here (and derive decay from it)
   float decay, beta1_f, one_minus_beta1, beta2_f, one_minus_beta2, eps;
   bool maximize;
 };
@@ -79,7 +80,12 @@ __global__ void __launch_bounds__(kThreads)
   const double step = static_cast<double>(*meta.step[t]) + 1.0;
   const double bias_correction1 = 1.0 - pow(h.beta1, step);
   const double bias_correction2 = 1.0 - pow(h.beta2, step);
-  const float neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
+  // The host's double arithmetic, rounded the same way: float(1 - lr * wd), -(lr / bc1).
+  const double lr = h.lr_on_device != nullptr ? *h.lr_on_device : h.lr;
+  const float decay = h.lr_on_device != nullptr
+                          ? static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, h.weight_decay)))
+                          : h.decay;
+  const float neg_step_size = static_cast<float>(-__ddiv_rn(lr, bias_correction1));
   const float bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
   const bool unscale = grad_scale != nullptr;
   const float inv_scale = unscale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.f;
@@ -95,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
     float g = load_float<P>(grad, i);
     if (unscale) g = __fmul_rn(g, inv_scale);
     if (h.maximize) g = -g;
-    float p = __fmul_rn(load_float<P>(param, i), h.decay);
+    float p = __fmul_rn(load_float<P>(param, i), decay);
     const float m = __fmaf_rn(g, h.one_minus_beta1, __fmul_rn(load_float<P>(exp_avg, i), h.beta1));
     const float v = __fmaf_rn(__fmul_rn(h.one_minus_beta2, g), g,
                               __fmul_rn(load_float<P>(exp_avg_sq, i), h.beta2_f));
@@ -213,8 +219,8 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
                  const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                  const std::vector<at::Tensor>& max_exp_avg_sqs,
                  const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
-                 const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& grad_scale,
-                 const at::Tensor& found_inf) {
+                 const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& lr,
+                 const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   if (params.empty()) return;
   const auto n = params.size();
   TORCH_INTERNAL_ASSERT(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
@@ -233,6 +239,9 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   h.lr = hyper.lr;
   h.beta1 = hyper.beta1;
   h.beta2 = hyper.beta2;
+  h.weight_decay = hyper.weight_decay;
+  TORCH_INTERNAL_ASSERT(!lr.defined() || (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
+  h.lr_on_device = lr.defined() ? lr.const_data_ptr<double>() : nullptr;
   h.decay = hyper.scalars.decay;
   h.beta1_f = hyper.scalars.beta1;
   h.one_minus_beta1 = hyper.scalars.one_minus_beta1;

@@ -85,22 +85,24 @@ namespace cuda {
 /// Per-group values for the CUDA kernel, which computes the bias corrections on the device
 /// from each tensor's `step` (read before it is incremented).
 struct AdamWCudaHyper {
-  double lr;
+  double lr;            // ignored when an lr tensor is given
   double beta1;
   double beta2;
+  double weight_decay;  // with an lr tensor, the kernel computes decay = float(1 - lr * wd)
   AdamWScalars scalars;  // `unscale` and `inv_scale` are ignored: read from grad_scale
 };
 
 /// Multi-tensor fused AdamW on one CUDA device. All lists have the same length (max_exp_avg_sqs
 /// empty unless amsgrad, models empty or with undefined entries where no copy is written);
-/// params share one dtype, models one dtype. `grad_scale` and `found_inf` may be undefined.
-/// Increments every `steps[i]` unless `found_inf` is non-zero. Never syncs.
+/// params share one dtype, models one dtype. `lr` (0-d fp64 on the device: the capturable
+/// form), `grad_scale` and `found_inf` (0-d fp32) may be undefined. Increments every
+/// `steps[i]` unless `found_inf` is non-zero. Never syncs.
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                  const std::vector<at::Tensor>& max_exp_avg_sqs,
                  const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
-                 const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& grad_scale,
-                 const at::Tensor& found_inf);
+                 const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& lr,
+                 const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
 }  // namespace cuda
 #endif

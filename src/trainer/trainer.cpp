@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -31,6 +32,7 @@
 #include "trainer/prefetch.h"
 #include "trainer/precision_plan.h"
 #include "trainer/progress.h"
+#include "trainer/step_graph.h"
 
 namespace mantissa {
 namespace {
@@ -54,8 +56,14 @@ c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
   return *dtype;
 }
 
-Batch to_device(const Batch& batch, const c10::Device& device) {
-  return {batch.data.to(device, /*non_blocking=*/true), batch.target.to(device, /*non_blocking=*/true)};
+/// HF's dataloader_pin_memory: a CPU batch bound for a GPU is first copied into page-locked
+/// memory (LibTorch's caching host allocator), so that the copy to the device is asynchronous.
+Batch to_device(const Batch& batch, const c10::Device& device, bool pin_memory) {
+  auto move = [&](const torch::Tensor& t) {
+    const bool pin = pin_memory && device.is_cuda() && t.is_cpu() && !t.is_pinned();
+    return (pin ? t.pin_memory() : t).to(device, /*non_blocking=*/true);
+  };
+  return {move(batch.data), move(batch.target)};
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -214,24 +222,54 @@ class Trainer::Impl {
     return torch::nn::functional::cross_entropy(logits, batch.target);
   }
 
-  /// The optimizer step at an accumulation boundary. Returns whether it was skipped (fp16
-  /// overflow), which costs a sync only when loss scaling is on.
-  bool optimizer_step() {
+  /// Forward and backward of one micro-batch, whose loss counts 1/`in_group` of the step's.
+  /// No sync.
+  void forward_backward(const Batch& batch, std::int64_t in_group) {
+    torch::Tensor loss;
+    {
+      // The weight-cast cache would keep casts made inside a captured graph: off then.
+      amp::Autocast autocast(device_.type(), plan_.autocast ? plan_.compute_dtype : c10::kBFloat16, plan_.autocast,
+                             /*cache_enabled=*/graph_ == nullptr);
+      loss = compute_loss(batch);
+    }
+    loss = loss / static_cast<double>(in_group);
+    scaler_.scale(loss).backward();
+    accumulate_loss(loss.detach().to(torch::kFloat));
+  }
+
+  /// The device half of the optimizer step at an accumulation boundary: unscale, clip, step,
+  /// loss-scale update. No sync, so it can be captured in a CUDA graph (where the host-side
+  /// callbacks do not belong: `with_callbacks` false).
+  void optimizer_step_on_device(bool with_callbacks) {
     if (masters_) masters_->copy_grads_to_masters();
     scaler_.unscale_(*optimizer_);
     if (args_.max_grad_norm() > 0) {
       grad_norm_ = clip_grad_norm_(optimized_params_, args_.max_grad_norm());
     }
-    for (auto& cb : callbacks_) cb->on_pre_optimizer_step(args_, state_, control_);
+    if (with_callbacks) {
+      for (auto& cb : callbacks_) cb->on_pre_optimizer_step(args_, state_, control_);
+    }
     scaler_.step(*optimizer_);
     if (masters_ && !fused_writes_back_) masters_->copy_masters_to_model();
     // A device copy: read on the host only if the step turns out skipped (for the log line).
-    const auto scale_before = plan_.loss_scaling ? scaler_.scale_tensor().clone() : torch::Tensor();
+    scale_before_ = plan_.loss_scaling ? scaler_.scale_tensor().clone() : torch::Tensor();
     if (args_.dynamic_loss_scale()) {
       scaler_.update();
     } else {
       scaler_.update(args_.loss_scale());
     }
+    window_steps_.add_(1);
+  }
+
+  /// The eager optimizer step. Returns whether it was skipped (fp16 overflow).
+  bool optimizer_step() {
+    optimizer_step_on_device(/*with_callbacks=*/true);
+    return finish_optimizer_step(/*zero_grads=*/true);
+  }
+
+  /// The host half of the optimizer step: whether it was skipped (a sync, only when loss
+  /// scaling is on), the scheduler, callbacks, and clearing the gradients.
+  bool finish_optimizer_step(bool zero_grads) {
     const bool skipped = plan_.loss_scaling && scaler_.last_step_skipped();
     for (auto& cb : callbacks_) cb->on_optimizer_step(args_, state_, control_);
     if (skipped) {
@@ -239,7 +277,7 @@ class Trainer::Impl {
       ++consecutive_skips_;
       progress_->print(fmt::format("step {}: gradients overflowed (inf/nan) at loss scale {:g}; optimizer step "
                                    "skipped, loss scale now {:g}",
-                                   state_.global_step + 1, scale_before.item<double>(), scaler_.get_scale()));
+                                   state_.global_step + 1, scale_before_.item<double>(), scaler_.get_scale()));
       TORCH_CHECK(args_.max_consecutive_nonfinite() == 0 || consecutive_skips_ < args_.max_consecutive_nonfinite(),
                   "training stopped: ", consecutive_skips_, " optimizer steps in a row were skipped because the fp16 "
                   "gradients overflowed (loss scale now ", scaler_.get_scale(), "). The run is diverging: try --bf16 "
@@ -248,10 +286,69 @@ class Trainer::Impl {
       consecutive_skips_ = 0;
       scheduler_->step();  // HF: only when the optimizer step was not skipped
     }
+    if (zero_grads) clear_grads();
+    return skipped;
+  }
+
+  void clear_grads() {
     optimizer_->zero_grad();
     module_->zero_grad();
     if (masters_) masters_->zero_grad();
-    return skipped;
+  }
+
+  // ---- CUDA graphs ---------------------------------------------------------------------------
+
+  /// Why `cuda_graph` cannot be honoured in this run, or nullopt.
+  std::optional<std::string> cuda_graph_blocker() const {
+    if (auto why = detail::cuda_graph_unavailable(device_)) return why;
+    if (dynamic_cast<optim::FusedAdamW*>(optimizer_.get()) == nullptr) {
+      return fmt::format("the optimizer ({}) is not mantissa's FusedAdamW, whose step reads the learning rate "
+                         "and the loss scale on the device; use --optim adamw_torch_fused",
+                         optimizer_factory_ ? "from set_optimizer_factory" : args_.optim());
+    }
+    if (args_.gradient_accumulation_steps() > 1) {
+      return fmt::format("gradient_accumulation_steps is {}; a captured step is one micro-batch and one update",
+                         args_.gradient_accumulation_steps());
+    }
+    if (plan_.loss_scaling && args_.dynamic_loss_scale() && args_.min_loss_scale() > 0) {
+      return std::string("min_loss_scale > 0 checks the loss scale on the host after every overflow");
+    }
+    return std::nullopt;
+  }
+
+  /// The step of the cuda_graph mode: captured the first time, replayed after. Batches of
+  /// another shape (a smaller last batch) run eagerly, with one log line per shape.
+  void graphed_step(const Batch& batch) {
+    auto& fused = dynamic_cast<optim::FusedAdamW&>(*optimizer_);
+    if (graph_->captured() && !graph_->fits(batch)) {
+      const auto shape = c10::str(batch.data.sizes());
+      if (eager_shapes_logged_.insert(shape).second) {
+        progress_->print(fmt::format("cuda_graph: a batch of shape {} does not fit the captured step ({}); it "
+                                     "runs eagerly", shape, graph_->describe_captured()));
+      }
+      clear_grads();  // the captured gradients must not be accumulated into
+      forward_backward(batch, 1);
+      optimizer_step();
+      return;
+    }
+    if (!graph_->captured()) {
+      clear_grads();  // captured from None, the backward writes the gradients, never adds
+      fused.refresh_lr_tensors();
+      graph_->capture(batch, [this](const Batch& inputs) {
+        forward_backward(inputs, 1);
+        optimizer_step_on_device(/*with_callbacks=*/false);
+      });
+      captured_grad_norm_ = grad_norm_;
+      captured_scale_before_ = scale_before_;
+      progress_->print(fmt::format("cuda_graph: step {} captured ({}); replaying it from now on",
+                                   state_.global_step + 1, graph_->describe_captured()));
+    }
+    for (auto& cb : callbacks_) cb->on_pre_optimizer_step(args_, state_, control_);
+    fused.refresh_lr_tensors();
+    graph_->replay(batch);
+    grad_norm_ = captured_grad_norm_;
+    scale_before_ = captured_scale_before_;
+    finish_optimizer_step(/*zero_grads=*/false);
   }
 
   // ---- logging, evaluation, saving -----------------------------------------------------------
@@ -283,6 +380,7 @@ class Trainer::Impl {
     const double loss = steps > 0 ? window_loss / static_cast<double>(steps) : 0.0;
     total_loss_ += window_loss;
     tr_loss_.zero_();
+    window_steps_.zero_();
     const double elapsed = seconds_since(log_window_start_);
     LogEntry logs{{"loss", loss}, {"learning_rate", scheduler_->get_last_lr().at(0)}};
     if (grad_norm_.defined()) logs["grad_norm"] = grad_norm_.item<double>();
@@ -376,7 +474,7 @@ class Trainer::Impl {
     for (std::int64_t begin = 0; begin < n; begin += batch_size) {
       std::vector<std::size_t> indices;
       for (auto i = begin; i < std::min(n, begin + batch_size); ++i) indices.push_back(static_cast<std::size_t>(i));
-      const auto batch = to_device(eval_->get_batch(indices), device_);
+      const auto batch = to_device(eval_->get_batch(indices), device_, args_.dataloader_pin_memory());
       torch::Tensor loss;
       torch::Tensor logits;
       if (compute_loss_) {
@@ -458,8 +556,29 @@ class Trainer::Impl {
                                args_.per_device_train_batch_size(), args_.gradient_accumulation_steps(),
                                resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
 
+    // cuda_graph: the whole run goes on the graph's own stream (see StepGraph); undone on return.
+    struct GraphScope {
+      Impl& impl;
+      ~GraphScope() {
+        if (auto* fused = dynamic_cast<optim::FusedAdamW*>(impl.optimizer_.get())) fused->set_capturable(false);
+        impl.graph_.reset();
+      }
+    } graph_scope{*this};
+    if (args_.cuda_graph()) {
+      if (auto why = cuda_graph_blocker()) {
+        progress.print(fmt::format("cuda_graph: off, training eagerly: {}", *why));
+      } else {
+        graph_ = std::make_unique<detail::StepGraph>(device_);
+        dynamic_cast<optim::FusedAdamW&>(*optimizer_).set_capturable(true);
+        eager_shapes_logged_.clear();
+        progress.print(fmt::format("cuda_graph: the step is captured after {} eager warm-up steps",
+                                   args_.cuda_graph_warmup_steps()));
+      }
+    }
+
     module_->train();
     tr_loss_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    window_steps_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
     nonfinite_streak_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device_));
     total_loss_ = 0.0;
     last_logged_step_ = state_.global_step;
@@ -512,7 +631,7 @@ class Trainer::Impl {
         if (b == group_start) {
           for (auto& cb : callbacks_) cb->on_step_begin(args_, state_, control_);
         }
-        const auto batch = to_device(batches.get(b), device_);
+        const auto batch = to_device(batches.get(b), device_, args_.dataloader_pin_memory());
         const auto batch_examples = batch.data.size(0);
         samples_since_log_ += batch_examples;
         samples_seen += batch_examples;
@@ -521,18 +640,15 @@ class Trainer::Impl {
           state_.num_input_tokens_seen += batch.data.numel();
         }
 
-        torch::Tensor loss;
-        {
-          amp::Autocast autocast(device_.type(), plan_.autocast ? plan_.compute_dtype : c10::kBFloat16, plan_.autocast);
-          loss = compute_loss(batch);
-        }
-        loss = loss / static_cast<double>(in_group);
-        scaler_.scale(loss).backward();
-        accumulate_loss(loss.detach().to(torch::kFloat));
+        const bool graphed = graph_ != nullptr && state_.global_step - start_step >= args_.cuda_graph_warmup_steps();
         ++state_.steps_in_epoch;
-
-        if (!boundary) continue;
-        optimizer_step();
+        if (graphed) {
+          graphed_step(batch);
+        } else {
+          forward_backward(batch, in_group);
+          if (!boundary) continue;
+          optimizer_step();
+        }
         ++state_.global_step;
         state_.epoch = static_cast<double>(epoch) + static_cast<double>(b + 1) / static_cast<double>(batches_per_epoch_);
         for (auto& cb : callbacks_) cb->on_step_end(args_, state_, control_);
@@ -561,15 +677,16 @@ class Trainer::Impl {
   }
 
   /// HF's tr_loss with logging_nan_inf_filter, on the device: a non-finite micro-loss is
-  /// replaced by the running average of this logging window.
+  /// replaced by the running average of this logging window, `tr_loss / (1 + global_step -
+  /// globalstep_last_logged)`. In place, with the step count on the device too, so that a
+  /// captured step keeps accumulating into the same tensors.
   void accumulate_loss(const torch::Tensor& step_loss) {
     const auto finite = at::isfinite(step_loss);
-    nonfinite_streak_ = torch::where(finite, torch::zeros_like(nonfinite_streak_), nonfinite_streak_ + 1);
+    nonfinite_streak_.copy_(torch::where(finite, torch::zeros_like(nonfinite_streak_), nonfinite_streak_ + 1));
     if (args_.logging_nan_inf_filter()) {
-      const double window = static_cast<double>(1 + state_.global_step - last_logged_step_);
-      tr_loss_ = tr_loss_ + torch::where(finite, step_loss, tr_loss_ / window);
+      tr_loss_.add_(torch::where(finite, step_loss, tr_loss_ / (window_steps_ + 1)));
     } else {
-      tr_loss_ = tr_loss_ + step_loss;
+      tr_loss_.add_(step_loss);
     }
   }
 
@@ -604,8 +721,14 @@ class Trainer::Impl {
   TrainerState state_;
   TrainerControl control_;
   torch::Tensor tr_loss_;
+  torch::Tensor window_steps_;  // optimizer steps since the last log, on the device (float)
   torch::Tensor nonfinite_streak_;
   torch::Tensor grad_norm_;
+  torch::Tensor scale_before_;  // the loss scale the last step used (fp16), for the skip log line
+  std::unique_ptr<detail::StepGraph> graph_;  // cuda_graph, during train() only
+  torch::Tensor captured_grad_norm_;     // what the captured step writes, read after each replay
+  torch::Tensor captured_scale_before_;
+  std::set<std::string> eager_shapes_logged_;
   double total_loss_ = 0.0;
   std::int64_t last_logged_step_ = 0;
   std::int64_t samples_since_log_ = 0;

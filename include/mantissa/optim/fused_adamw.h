@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <tuple>
 #include <unordered_map>
@@ -120,7 +121,8 @@ class FusedAdamW : public torch::optim::Optimizer, public mantissa::amp::Support
   bool writes_back_to_model() const noexcept { return writes_back_; }
 
   /// One AdamW update of every parameter that has a gradient. Python: `optimizer.step()`.
-  /// Never syncs with the device (on the CPU it reads the found-inf flag from memory).
+  /// Never syncs with the device (on the CPU it reads the found-inf flag from memory). When
+  /// capturable, it may be captured in a CUDA graph (see `set_capturable`).
   at::Tensor step(LossClosure closure = nullptr) override;
 
   /// Writes the state in `torch::optim::AdamW`'s archive layout (param groups with their
@@ -131,6 +133,27 @@ class FusedAdamW : public torch::optim::Optimizer, public mantissa::amp::Support
   /// Reads what `save` or `torch::optim::AdamW::save` wrote; the state moves to each
   /// parameter's device and dtype.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// Makes `step()` safe to capture in a CUDA graph: each group's learning rate is then read
+  /// from a 0-d fp64 tensor on its parameters' device (`lr_tensor(group)`) instead of being
+  /// passed to the kernel as a number, so a replayed graph uses the rate the scheduler set
+  /// last, not the one it was captured with. The arithmetic is unchanged (the same double
+  /// operations, on the device). Python: `torch.optim.AdamW(params, lr=torch.tensor(lr),
+  /// fused=True, capturable=True)`. No sync.
+  void set_capturable(bool capturable);
+
+  /// Whether `set_capturable(true)` is in force.
+  bool capturable() const noexcept { return capturable_; }
+
+  /// Writes each group's `options().lr()` into its learning-rate tensor (one fill kernel per
+  /// group, no sync). An eager `step()` does this itself; a captured one cannot (the fill
+  /// would be captured with today's value), so call this before each replay. No-op unless
+  /// capturable.
+  void refresh_lr_tensors();
+
+  /// The 0-d fp64 tensor group `group` reads its learning rate from (capturable only; made by
+  /// `set_capturable` or the first `refresh_lr_tensors()` after a group was added).
+  const at::Tensor& lr_tensor(std::size_t group) const;
 
   /// Called by `GradScaler::step` before `step()`: `grad_scale` (undefined when `unscale_`
   /// already ran) and `found_inf` (0-d fp32; non-zero skips the step). No sync.
@@ -144,6 +167,8 @@ class FusedAdamW : public torch::optim::Optimizer, public mantissa::amp::Support
   at::Tensor grad_scale_;
   at::Tensor found_inf_;
   bool writes_back_ = false;
+  bool capturable_ = false;
+  std::vector<at::Tensor> lr_tensors_;  // per group, capturable only
 };
 
 }  // namespace mantissa::optim
