@@ -481,13 +481,16 @@ TEST(TrainerCudaTest, LearnsOnTheGpuInBf16AndFp16) {
 // precision, with the smaller last batch of each epoch (100 = 12 x 8 + 4) run eagerly.
 TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
   MANTISSA_SKIP_WITHOUT_CUDA();
-  for (const std::string mode : {"fp32", "bf16", "fp16", "bf16-model"}) {
+  // fp16-overflow starts the loss scale at 2^30: the first steps overflow and are skipped,
+  // eagerly and then inside the graph, until the scale has backed off.
+  for (const std::string mode : {"fp32", "bf16", "fp16", "fp16-overflow", "bf16-model"}) {
     SCOPED_TRACE(mode);
     struct Run {
       std::vector<double> losses;
       std::vector<torch::Tensor> params;
       double scale;
       std::string out;
+      int64_t skipped;
     };
     auto run = [&](bool graph) {
       auto model = make_model();
@@ -496,12 +499,14 @@ TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
                       .optim("adamw_torch_fused").weight_decay(0.01).cuda_graph(graph);
       if (mode == "bf16") args.bf16(true);
       if (mode == "fp16") args.fp16(true);
+      if (mode == "fp16-overflow") args.fp16(true).initial_scale_power(30);
       if (mode == "bf16-model") model->to(torch::kBFloat16);
       Trainer trainer(model, args, ToyDataset(100));
       ::testing::internal::CaptureStdout();
       trainer.train();
       Run r{logged(trainer.state(), "loss"), {}, trainer.scaler().get_scale(),
-            ::testing::internal::GetCapturedStdout()};
+            ::testing::internal::GetCapturedStdout(), trainer.state().skipped_steps};
+      for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "gradients are None after train()";
       for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu().to(torch::kFloat));
       return r;
     };
@@ -509,6 +514,9 @@ TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
     const auto graphed = run(true);
     EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: step 4 captured (data [8, 8] Float, target [8] Long)"));
     EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: a batch of shape [4, 8] does not fit the captured step"));
+    EXPECT_THAT(graphed.out, ::testing::Not(HasSubstr("shape [8, 8] does not fit")));  // full batches replay
+    EXPECT_EQ(graphed.skipped, eager.skipped);
+    if (mode == "fp16-overflow") EXPECT_GT(graphed.skipped, 3) << "some skips must happen inside the graph";
     ASSERT_EQ(graphed.losses.size(), eager.losses.size());
     for (size_t i = 0; i < eager.losses.size(); ++i) {
       EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * std::abs(eager.losses[i])) << "step " << i + 1;

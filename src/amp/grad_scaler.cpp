@@ -12,6 +12,7 @@
 #include <mantissa/amp/supports_amp_scaling.h>
 #include <mantissa/amp/unscale.h>
 
+#include "cuda_capture.h"
 #include "io/atomic_file.h"
 #include "io/torch_save.h"
 
@@ -90,7 +91,12 @@ std::pair<const at::Tensor&, const at::Tensor&> GradScaler::check_scale_growth_t
 
 at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   if (!options_.enabled()) return outputs;
-  if (!scale_.defined()) lazy_init_scale_growth_tracker(outputs.device());
+  if (!scale_.defined()) {
+    TORCH_CHECK(!mantissa::detail::is_capturing_on(outputs.device()),
+                "GradScaler: the first scale() is being captured in a CUDA graph, where making the scale would run "
+                "again (resetting it) on every replay. Run an eager step first.");
+    lazy_init_scale_growth_tracker(outputs.device());
+  }
   return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
 }
 

@@ -15,11 +15,7 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
-#ifdef MANTISSA_WITH_CUDA
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
+#include "cuda_capture.h"
 #include "optim/fused_adamw_kernels.h"
 
 namespace mantissa::optim {
@@ -236,20 +232,13 @@ void FusedAdamW::load(torch::serialize::InputArchive& archive) {
 
 namespace {
 
-// Whether the current CUDA stream is being captured into a graph. Asks CUDA only when some
-// parameter lives there (a CUDA build of LibTorch on a machine without a GPU must not).
+// Whether the step is being captured into a CUDA graph (on the first CUDA parameter's device).
 bool is_capturing(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-#ifdef MANTISSA_WITH_CUDA
   for (const auto& group : groups) {
     for (const auto& p : group.params()) {
-      if (p.is_cuda()) {
-        const c10::cuda::CUDAGuard device_guard(p.device());
-        return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-      }
+      if (p.is_cuda()) return mantissa::detail::is_capturing_on(p.device());
     }
   }
-#endif
-  (void)groups;
   return false;
 }
 
@@ -439,8 +428,13 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  const bool capturing = is_capturing(param_groups_);
+  TORCH_CHECK(!capturing || capturable_,
+              "FusedAdamW: the step is being captured in a CUDA graph, but the optimizer is not capturable: the "
+              "learning rate would be baked into the graph. Call set_capturable(true) first (Python: "
+              "capturable=True).");
   if (capturable_) {
-    if (is_capturing(param_groups_)) {
+    if (capturing) {
       TORCH_CHECK(lr_tensors_.size() == param_groups_.size(),
                   "FusedAdamW: a param group was added after the learning-rate tensors were made; "
                   "call refresh_lr_tensors() before capturing the step");
@@ -454,7 +448,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     const at::Tensor lr_tensor = capturable_ ? lr_tensors_[g] : at::Tensor();
     std::map<BucketKey, std::vector<Item>> buckets;
     std::vector<Item> fallback;
-    for (auto& p : group.params()) {
+    for (std::size_t i = 0; i < group.params().size(); ++i) {
+      auto& p = group.params()[i];
       const auto& grad = p.grad();
       if (!grad.defined()) continue;
       TORCH_CHECK_VALUE(!grad.is_sparse(), "FusedAdamW does not support sparse gradients");
@@ -464,6 +459,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                         " parameter on ", p.device());
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
+        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g, " has no optimizer state yet and the "
+                    "step is being captured in a CUDA graph, where making the state (zeros) would run again on every "
+                    "replay. Run an eager step first; this parameter got its first gradient inside the capture.");
         auto fresh = std::make_unique<FusedAdamWParamState>();
         fresh->step(at::zeros({}, p.options().dtype(at::kFloat).requires_grad(false)));
         fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
@@ -472,6 +470,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       auto* state = static_cast<FusedAdamWParamState*>(slot.get());
       if (options.amsgrad() && !state->max_exp_avg_sq().defined()) {
+        TORCH_CHECK(!capturing, "FusedAdamW: amsgrad was turned on inside a CUDA graph capture; run an eager step first");
         state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       }
       at::Tensor model;

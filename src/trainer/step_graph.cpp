@@ -6,11 +6,14 @@
 #include <ATen/ATen.h>
 
 #ifdef MANTISSA_WITH_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace mantissa::detail {
@@ -37,16 +40,52 @@ std::optional<std::string> cuda_graph_unavailable(const c10::Device& device) {
 }
 
 struct StepGraph::State {
+  c10::DeviceIndex device;
   c10::cuda::CUDAStream previous;
   c10::cuda::CUDAStream stream;
-  at::cuda::CUDAGraph graph;
+  c10::MempoolId_t pool;  // the graph's private memory, ours so a failed capture can end it
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
   Batch inputs;
   bool captured = false;
 
-  explicit State(const c10::Device& device)
-      : previous(c10::cuda::getCurrentCUDAStream(device.index())),
-        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
+  explicit State(const c10::Device& d)
+      : device(d.index()),
+        previous(c10::cuda::getCurrentCUDAStream(d.index())),
+        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())),
+        pool(at::cuda::graph_pool_handle()) {}
 };
+
+namespace {
+
+template <typename F>
+void ignoring_errors(F&& f) {
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
+// After a capture failed: end the stream's capture if CUDA has not, and take the caching
+// allocators out of capture mode. LibTorch 2.11's CUDAGraph::capture_end throws before doing
+// the latter when the capture was invalidated (pytorch#180395), which would leave every later
+// allocation routed through a filter of the dead graph.
+void abandon_capture(c10::DeviceIndex device, const c10::cuda::CUDAStream& stream,
+                     c10::MempoolId_t pool) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream.stream(), &partial) == cudaSuccess && partial != nullptr) {
+      cudaGraphDestroy(partial);
+    }
+  }
+  (void)cudaGetLastError();  // the capture's error is not sticky; clear it
+  ignoring_errors([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); });
+  ignoring_errors([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); });
+  ignoring_errors([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+  ignoring_errors([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
+}
+
+}  // namespace
 
 StepGraph::StepGraph(const c10::Device& device) {
   TORCH_CHECK(!cuda_graph_unavailable(device), "StepGraph: ", *cuda_graph_unavailable(device));
@@ -72,21 +111,35 @@ StepGraph::~StepGraph() {
 void StepGraph::capture(const Batch& batch, const std::function<void(const Batch&)>& step) {
   TORCH_CHECK(!state_->captured, "StepGraph: the step is already captured");
   state_->inputs = Batch(batch.data.clone(), batch.target.clone());
-  auto& graph = state_->graph;
-  graph.capture_begin();
+  // As torch.cuda.graph does: hand the warm-up's cached blocks back first, so the graph's
+  // private pool does not come on top of them.
+  c10::cuda::device_synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  state_->graph = std::make_unique<at::cuda::CUDAGraph>();
+  auto& graph = *state_->graph;
+  graph.capture_begin(state_->pool);
+  std::string failure;
   try {
     step(state_->inputs);
   } catch (const std::exception& e) {
-    try {
-      graph.capture_end();  // ends the stream's capture mode; the graph itself is invalid
-    } catch (...) {
-    }
-    TORCH_CHECK(false, "cuda_graph: capturing the training step failed: ", e.what(),
+    failure = e.what();
+  }
+  bool ended = false;
+  try {
+    graph.capture_end();
+    ended = true;
+  } catch (const std::exception& e) {
+    if (failure.empty()) failure = e.what();  // CUDA refused something inside: the capture was invalidated
+  }
+  if (!failure.empty()) {
+    // An ended graph gives its pool back when it is destroyed; one that failed to end has not.
+    if (!ended) abandon_capture(state_->device, state_->stream, state_->pool);
+    state_->graph.reset();
+    TORCH_CHECK(false, "cuda_graph: capturing the training step failed: ", failure,
                 "\nSomething in the step waits for the GPU (a .item(), .cpu(), a tensor whose "
                 "shape depends on data, an optimizer other than FusedAdamW, min_loss_scale > 0). "
                 "Remove it, or train without --cuda_graph.");
   }
-  graph.capture_end();
   state_->captured = true;
 }
 
@@ -96,7 +149,7 @@ void StepGraph::replay(const Batch& batch) {
               describe_captured(), ")");
   state_->inputs.data.copy_(batch.data, /*non_blocking=*/true);
   state_->inputs.target.copy_(batch.target, /*non_blocking=*/true);
-  state_->graph.replay();
+  state_->graph->replay();
 }
 
 bool StepGraph::captured() const noexcept { return state_->captured; }

@@ -329,17 +329,31 @@ class Trainer::Impl {
       clear_grads();  // the captured gradients must not be accumulated into
       forward_backward(batch, 1);
       optimizer_step();
+      // Show the graph's gradient tensors again (it keeps writing them on each replay).
+      for (auto& [param, grad] : captured_grads_) param.mutable_grad() = grad;
+      return;
+    }
+    if (!graph_->captured() && batch.data.size(0) != args_.per_device_train_batch_size()) {
+      forward_backward(batch, 1);  // a short batch: capture the next full one instead
+      optimizer_step();
       return;
     }
     if (!graph_->captured()) {
       clear_grads();  // captured from None, the backward writes the gradients, never adds
-      fused.refresh_lr_tensors();
       graph_->capture(batch, [this](const Batch& inputs) {
         forward_backward(inputs, 1);
         optimizer_step_on_device(/*with_callbacks=*/false);
       });
       captured_grad_norm_ = grad_norm_;
       captured_scale_before_ = scale_before_;
+      captured_grads_.clear();
+      auto keep = [&](const std::vector<torch::Tensor>& params) {
+        for (const auto& p : params) {
+          if (p.grad().defined()) captured_grads_.emplace_back(p, p.grad());
+        }
+      };
+      keep(module_->parameters());
+      if (masters_) keep(masters_->master_params());
       progress_->print(fmt::format("cuda_graph: step {} captured ({}); replaying it from now on",
                                    state_.global_step + 1, graph_->describe_captured()));
     }
@@ -560,6 +574,17 @@ class Trainer::Impl {
     struct GraphScope {
       Impl& impl;
       ~GraphScope() {
+        if (!impl.graph_) return;
+        // Gradients are None after train(), as after an eager step, and nothing outside the
+        // graph keeps its memory.
+        try {
+          impl.clear_grads();
+        } catch (const std::exception& e) {
+          TORCH_WARN("cuda_graph: clearing the gradients after training failed: ", e.what());
+        }
+        impl.captured_grads_.clear();
+        impl.captured_grad_norm_.reset();
+        impl.captured_scale_before_.reset();
         if (auto* fused = dynamic_cast<optim::FusedAdamW*>(impl.optimizer_.get())) fused->set_capturable(false);
         impl.graph_.reset();
       }
@@ -728,6 +753,7 @@ class Trainer::Impl {
   std::unique_ptr<detail::StepGraph> graph_;  // cuda_graph, during train() only
   torch::Tensor captured_grad_norm_;     // what the captured step writes, read after each replay
   torch::Tensor captured_scale_before_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> captured_grads_;  // (param, the graph's grad)
   std::set<std::string> eager_shapes_logged_;
   double total_loss_ = 0.0;
   std::int64_t last_logged_step_ = 0;
