@@ -44,9 +44,9 @@
     "backward/update pass.")                                                                       \
   /* ---- optimizer -------------------------------------------------------------------- */      \
   X(std::string, optim, "adamw_torch",                                                             \
-    "The optimizer to use: adamw_torch, adamw_torch_fused (torch's fused AdamW, no master "        \
-    "weights), adamw_mantissa_fused (mantissa's fused AdamW: unscale, inf check, step and "        \
-    "master-weight cast in one pass, no host sync) or sgd.")                                       \
+    "The optimizer to use: adamw_torch, adamw_torch_fused or adamw_mantissa_fused (both "          \
+    "mantissa's fused AdamW: unscale, inf check, step and master-weight cast in one pass, no "     \
+    "host sync) or sgd.")                                                                          \
   X(double, learning_rate, 5e-5, "The initial learning rate for the optimizer.")                  \
   X(double, weight_decay, 0.0, "Weight decay for AdamW if we apply some.")                        \
   X(double, adam_beta1, 0.9, "Beta1 for AdamW optimizer.")                                         \
