@@ -242,8 +242,10 @@ class Trainer::Impl {
   /// callbacks do not belong: `with_callbacks` false).
   void optimizer_step_on_device(bool with_callbacks) {
     if (masters_) masters_->copy_grads_to_masters();
-    scaler_.unscale_(*optimizer_);
     if (args_.max_grad_norm() > 0) {
+      // As HF (accelerator.clip_grad_norm_): unscale only to clip. Without clipping the
+      // scaler's step unscales, inside FusedAdamW's single pass when that is the optimizer.
+      scaler_.unscale_(*optimizer_);
       grad_norm_ = clip_grad_norm_(optimized_params_, args_.max_grad_norm());
     }
     if (with_callbacks) {
