@@ -29,6 +29,16 @@ set(MANTISSA_DOC_SNIPPET_RUN_ARGS
 
 # Appends one snippet to the generated source in `_out_var`; `_registry_var` collects the
 # registry rows and `_programs_var` the ids of complete programs.
+# Drops the first `count` characters of the text in variable `rest_var` and adds the newlines
+# among them to the line counter in `line_var`.
+macro(_mantissa_doc_consume rest_var line_var count)
+  string(SUBSTRING "${${rest_var}}" 0 ${count} _consumed_text)
+  string(REGEX MATCHALL "\n" _consumed_newlines "${_consumed_text}")
+  list(LENGTH _consumed_newlines _consumed_count)
+  math(EXPR ${line_var} "${${line_var}} + ${_consumed_count}")
+  string(SUBSTRING "${${rest_var}}" ${count} -1 ${rest_var})
+endmacro()
+
 function(_mantissa_doc_snippet_emit file line body out_var registry_var programs_var includes_var)
   set(_closing "")
   string(MAKE_C_IDENTIFIER "${file}" _id)
@@ -120,11 +130,7 @@ function(mantissa_add_doc_snippets target)
         break()
       endif()
       math(EXPR _pos "${_pos} + 1")
-      string(SUBSTRING "${_rest}" 0 ${_pos} _skipped)
-      string(REGEX MATCHALL "\n" _newlines "${_skipped}")
-      list(LENGTH _newlines _n)
-      math(EXPR _line "${_line} + ${_n}")
-      string(SUBSTRING "${_rest}" ${_pos} -1 _rest)
+      _mantissa_doc_consume(_rest _line ${_pos})
       # The opening fence: ```<info string>
       string(FIND "${_rest}" "\n" _eol)
       if(_eol EQUAL -1)
@@ -147,11 +153,7 @@ function(mantissa_add_doc_snippets target)
         string(SUBSTRING "${_rest}" 1 ${_len} _body)
       endif()
       math(EXPR _consumed "${_close} + 1")
-      string(SUBSTRING "${_rest}" 0 ${_consumed} _skipped)
-      string(REGEX MATCHALL "\n" _newlines "${_skipped}")
-      list(LENGTH _newlines _n)
-      math(EXPR _line "${_line} + ${_n}")
-      string(SUBSTRING "${_rest}" ${_consumed} -1 _rest)
+      _mantissa_doc_consume(_rest _line ${_consumed})
       # Skip the closing fence's own line, so it cannot be taken for an opening one.
       string(FIND "${_rest}" "\n" _eol)
       if(_eol EQUAL -1)
