@@ -144,6 +144,9 @@ int main(int argc, char** argv) try {
     std::printf("char_gpt: sample:\n%s\n", vocabulary.decode(sample).c_str());
   }
   return 0;
+} catch (const c10::Error& e) {  // the message without LibTorch's C++ backtrace
+  std::cerr << "char_gpt: error: " << e.what_without_backtrace() << "\n";
+  return 1;
 } catch (const std::exception& e) {
   std::cerr << "char_gpt: error: " << e.what() << "\n";
   return 1;
