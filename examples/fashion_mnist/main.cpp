@@ -14,6 +14,7 @@
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
 
+#include "../common/example_flags.h"
 #include "../common/idx_dataset.h"
 
 namespace {
@@ -45,28 +46,14 @@ struct FashionCnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(FashionCnn);
 
-std::string take_flag(std::vector<std::string>& rest, const std::string& name, std::string fallback) {
-  for (size_t i = 0; i < rest.size(); ++i) {
-    if (rest[i] == name && i + 1 < rest.size()) {
-      auto value = rest[i + 1];
-      rest.erase(rest.begin() + static_cast<long>(i), rest.begin() + static_cast<long>(i) + 2);
-      return value;
-    }
-    if (rest[i].rfind(name + "=", 0) == 0) {
-      auto value = rest[i].substr(name.size() + 1);
-      rest.erase(rest.begin() + static_cast<long>(i));
-      return value;
-    }
-  }
-  return fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
-  auto [args, rest] = mantissa::TrainingArguments::parse_known(argc, argv);
-  const std::string data_dir = take_flag(rest, "--data_dir", mantissa::examples::kFashionMnistDir);
-  TORCH_CHECK_VALUE(rest.empty(), "unrecognized arguments: ", c10::Join(" ", rest));
+  CLI::App app{"Trains a small CNN on Fashion-MNIST with mantissa's Trainer.", "fashion_mnist"};
+  std::string data_dir = mantissa::examples::kFashionMnistDir;
+  app.add_option("--data_dir", data_dir, "Folder holding the four Fashion-MNIST *-ubyte.gz files")
+      ->capture_default_str();
+  const auto args = mantissa::examples::parse_example_flags(app, argc, argv);
 
   FashionMnist train(data_dir, FashionMnist::Split::kTrain);
   FashionMnist test(data_dir, FashionMnist::Split::kTest);
@@ -81,6 +68,9 @@ int main(int argc, char** argv) try {
               result.metrics.at("train_samples_per_second"), metrics.at("eval_loss"),
               100.0 * metrics.at("eval_accuracy"));
   return 0;
+} catch (const c10::Error& e) {  // the message without LibTorch's C++ backtrace
+  std::cerr << "fashion_mnist: error: " << e.what_without_backtrace() << "\n";
+  return 1;
 } catch (const std::exception& e) {
   std::cerr << "fashion_mnist: error: " << e.what() << "\n";
   return 1;

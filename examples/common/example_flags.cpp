@@ -1,0 +1,36 @@
+#include "example_flags.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+namespace mantissa::examples {
+
+TrainingArguments parse_example_flags(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << app.help() << "\n" << TrainingArguments::help_text(app.get_name()) << std::flush;
+      std::exit(0);
+    }
+  }
+  auto [args, rest] = TrainingArguments::parse_known(argc, argv);
+
+  std::vector<const char*> own_argv{argc > 0 ? argv[0] : "example"};
+  for (const auto& arg : rest) own_argv.push_back(arg.c_str());
+  app.allow_extras(true);  // reported below in argparse's words
+  try {
+    app.parse(static_cast<int>(own_argv.size()), own_argv.data());
+  } catch (const CLI::ParseError& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  const auto unknown = app.remaining();
+  TORCH_CHECK_VALUE(unknown.empty(), "unrecognized arguments: ", c10::Join(" ", unknown));
+  return args;
+}
+
+}  // namespace mantissa::examples
