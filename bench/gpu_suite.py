@@ -140,10 +140,10 @@ def main():
     size = ["--model_size", "gpt2-small"]
     report["gpt2_small"] = {}
     for mode, flags in MODES.items():
-        report["gpt2_small"][mode] = char_gpt(args, f"gpt2-small-{mode}", size, flags, big_steps, big_steps // 4, 8)
+        report["gpt2_small"][mode] = char_gpt(args, f"gpt2-small-{mode}", size, flags, big_steps, big_steps // 4, 16)
         if mode == "bf16":
             report["gpt2_small"]["python_bf16"] = python_char_gpt(args, "gpt2-small-bf16", "gpt2-small", "bf16",
-                                                                  big_steps - 10, 10, 8)
+                                                                  big_steps - 10, 10, 16)
 
     # 4. Eager against graphs, interleaved twice, on the tiny model; Python beside them.
     tiny = ["--model_size", "tiny"]
