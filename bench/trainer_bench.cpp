@@ -23,11 +23,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -60,6 +62,7 @@ struct Config {
   double lr = 1e-3;
   std::int64_t seed = 42;
   std::string data_dir = mantissa::examples::kFashionMnistDir;
+  bool count_ops = false;
 
   std::int64_t total_steps() const { return warmup + steps; }
   bool bf16() const { return precision != "fp32"; }
@@ -83,6 +86,32 @@ double status_mib(const std::string& key) {
   return -1.0;
 }
 
+/// Counts the ATen ops dispatched (top-level and nested: every RecordFunction of scope
+/// FUNCTION) while `counting` is set, by name. Only with --count_ops: the callback slows
+/// every op down, so timed runs go without it.
+struct OpCounter {
+  static OpCounter& instance() {
+    static OpCounter counter;
+    return counter;
+  }
+  void install() {
+    at::addGlobalCallback(at::RecordFunctionCallback(
+                              [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                auto& self = instance();
+                                if (self.counting) ++self.by_name[fn.name()];
+                                return nullptr;
+                              })
+                              .scopes({at::RecordScope::FUNCTION}));
+  }
+  std::int64_t total() const {
+    std::int64_t n = 0;
+    for (const auto& [name, count] : by_name) n += count;
+    return n;
+  }
+  bool counting = false;
+  std::map<std::string, std::int64_t> by_name;
+};
+
 /// CPU time of the whole process (all threads), in seconds.
 double process_cpu_seconds() {
   timespec t{};
@@ -102,10 +131,12 @@ struct StepClock {
     if (completed == warmup) {
       start = Clock::now();
       cpu_start = process_cpu_seconds();
+      OpCounter::instance().counting = true;
     }
     if (completed == total) {
       end = Clock::now();
       cpu_end = process_cpu_seconds();
+      OpCounter::instance().counting = false;
     }
   }
   double seconds() const { return std::chrono::duration<double>(end - start).count(); }
@@ -222,6 +253,9 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", c.lr);
   app.add_option("--seed", c.seed);
   app.add_option("--data_dir", c.data_dir);
+  app.add_flag("--count_ops", c.count_ops,
+               "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by name on stderr); "
+               "slows the run down, so its times are not comparable");
   CLI11_PARSE(app, argc, argv);
 
   const int default_threads = at::get_num_threads();
@@ -231,18 +265,27 @@ int main(int argc, char** argv) try {
                     "warmup + steps must fit in one epoch (", data.images().size(0) / c.batch_size, " batches of ",
                     c.batch_size, ")");
 
+  if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
   const auto m = c.model == "mlp" ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
                                   : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
+  std::string ops_json;
+  if (c.count_ops) {
+    const auto& counter = OpCounter::instance();
+    ops_json = ",\"ops_per_step\":" + std::to_string(static_cast<double>(counter.total()) / static_cast<double>(c.steps));
+    for (const auto& [name, count] : counter.by_name) {
+      std::fprintf(stderr, "%10.2f %s\n", static_cast<double>(count) / static_cast<double>(c.steps), name.c_str());
+    }
+  }
   std::printf(
       "{\"bench\":\"trainer_anchor\",\"impl\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\",\"optim\":\"%s\","
       "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
       "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"steps_per_second\":%.3f,\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
-      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"}\n",
+      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"%s}\n",
       c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(), static_cast<long long>(c.batch_size),
       static_cast<long long>(c.warmup), static_cast<long long>(c.steps), at::get_num_threads(), default_threads,
       m.seconds, m.cpu_seconds, static_cast<double>(c.steps) / m.seconds,
-      static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib, status_mib("VmHWM"), TORCH_VERSION);
+      static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib, status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());
