@@ -54,7 +54,9 @@ c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
   return *dtype;
 }
 
-Batch to_device(const Batch& batch, const c10::Device& device) {
+Batch to_device(Batch batch, const c10::Device& device) {
+  // Two dispatched no-op `to()` calls per step otherwise (a batch gathered on the CPU for the CPU).
+  if (batch.data.device() == device && batch.target.device() == device) return batch;
   return {batch.data.to(device, /*non_blocking=*/true), batch.target.to(device, /*non_blocking=*/true)};
 }
 
@@ -526,7 +528,8 @@ class Trainer::Impl {
           amp::Autocast autocast(device_.type(), plan_.autocast ? plan_.compute_dtype : c10::kBFloat16, plan_.autocast);
           loss = compute_loss(batch);
         }
-        loss = loss / static_cast<double>(in_group);
+        // Dividing by 1 changes nothing but costs an op forward and one backward.
+        if (in_group > 1) loss = loss / static_cast<double>(in_group);
         scaler_.scale(loss).backward();
         accumulate_loss(loss.detach().to(torch::kFloat));
         ++state_.steps_in_epoch;
@@ -562,14 +565,18 @@ class Trainer::Impl {
 
   /// HF's tr_loss with logging_nan_inf_filter, on the device: a non-finite micro-loss is
   /// replaced by the running average of this logging window.
+  /// In place and with few ops: this runs every micro-batch, and on a small model each
+  /// dispatched op is a visible share of the step.
   void accumulate_loss(const torch::Tensor& step_loss) {
-    const auto finite = at::isfinite(step_loss);
-    nonfinite_streak_ = torch::where(finite, torch::zeros_like(nonfinite_streak_), nonfinite_streak_ + 1);
+    // x - x is 0 exactly when x is finite (inf - inf and nan - nan are nan): two ops, where
+    // at::isfinite dispatches six on the CPU.
+    const auto finite = (step_loss - step_loss).eq(0);
+    nonfinite_streak_.add_(1).masked_fill_(finite, 0);
     if (args_.logging_nan_inf_filter()) {
       const double window = static_cast<double>(1 + state_.global_step - last_logged_step_);
-      tr_loss_ = tr_loss_ + torch::where(finite, step_loss, tr_loss_ / window);
+      tr_loss_.add_(torch::where(finite, step_loss, tr_loss_ / window));
     } else {
-      tr_loss_ = tr_loss_ + step_loss;
+      tr_loss_.add_(step_loss);
     }
   }
 
