@@ -35,7 +35,7 @@ def main():
     assert sorted(result["medians"]) == sorted(expected), sorted(result["medians"])
     for key, row in result["medians"].items():
         assert row["steps"] == 3 and row["warmup"] == 2 and row["threads"] == 1, (key, row)
-        assert row["steps_per_second"] > 0 and row["peak_rss_mib"] > 0, (key, row)
+        assert row["steps_per_second"] > 0 and row["median_step_ms"] > 0 and row["peak_rss_mib"] > 0, (key, row)
         # Cross-entropy over 10 classes starts near ln(10) = 2.3 and cannot fall far in 5 steps.
         assert math.isfinite(row["mean_loss"]) and 1.0 < row["mean_loss"] < 3.0, (key, row)
     for ratio in ["trainer_over_hand_time/mlp/fp32", "trainer_over_python_speed/mlp/bf16_masters",

@@ -20,12 +20,14 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
@@ -73,6 +75,7 @@ struct Config {
 struct Measurement {
   double seconds = 0.0;      // wall time of the timed steps
   double cpu_seconds = 0.0;  // the process's CPU time over the same steps
+  double median_step_seconds = 0.0;
   double mean_loss = 0.0;  // over every step of the run, warmup included
 };
 
@@ -120,27 +123,36 @@ double process_cpu_seconds() {
 }
 
 /// Records the wall time and the process's CPU time when the warmup ends and when the last
-/// timed step ends. On a machine shared with other work the CPU time is the steadier figure:
-/// it does not count the time this process waited for a core.
+/// timed step ends, and the wall time of each timed step. On a machine shared with other work
+/// the median step is the steadier figure: a step that waited for a core is an outlier there.
 struct StepClock {
   std::int64_t warmup;
   std::int64_t total;
-  Clock::time_point start, end;
+  Clock::time_point start, end, last;
   double cpu_start = 0.0, cpu_end = 0.0;
+  std::vector<double> step_seconds;
   void step_ended(std::int64_t completed) {
+    const auto now = Clock::now();
+    if (completed > warmup && completed <= total) step_seconds.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
     if (completed == warmup) {
-      start = Clock::now();
+      start = now;
       cpu_start = process_cpu_seconds();
       OpCounter::instance().counting = true;
     }
     if (completed == total) {
-      end = Clock::now();
+      end = now;
       cpu_end = process_cpu_seconds();
       OpCounter::instance().counting = false;
     }
   }
   double seconds() const { return std::chrono::duration<double>(end - start).count(); }
   double cpu_seconds() const { return cpu_end - cpu_start; }
+  double median_step_seconds() const {
+    auto v = step_seconds;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
 };
 
 struct StepClockCallback : mantissa::TrainerCallback {
@@ -174,7 +186,7 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
   trainer.add_callback(std::make_shared<StepClockCallback>(clock));
   const auto result = trainer.train();
   mantissa::io::remove_all(output_dir);
-  return {clock.seconds(), clock.cpu_seconds(), result.training_loss};
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), result.training_loss};
 }
 
 /// What a LibTorch user writes by hand for the same run, with the same building blocks.
@@ -222,7 +234,7 @@ Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
     if (masters) masters->zero_grad();
     clock.step_ended(step + 1);
   }
-  return {clock.seconds(), clock.cpu_seconds(), loss_sum.item<double>() / static_cast<double>(c.total_steps())};
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), loss_sum.item<double>() / static_cast<double>(c.total_steps())};
 }
 
 template <typename Model>
@@ -280,11 +292,11 @@ int main(int argc, char** argv) try {
   std::printf(
       "{\"bench\":\"trainer_anchor\",\"impl\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\",\"optim\":\"%s\","
       "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
-      "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"steps_per_second\":%.3f,\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
+      "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
       "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"%s}\n",
       c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(), static_cast<long long>(c.batch_size),
       static_cast<long long>(c.warmup), static_cast<long long>(c.steps), at::get_num_threads(), default_threads,
-      m.seconds, m.cpu_seconds, static_cast<double>(c.steps) / m.seconds,
+      m.seconds, m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
       static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib, status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {

@@ -7,6 +7,7 @@ same model on the same batches in the same order."""
 import argparse
 import gzip
 import json
+import statistics
 import time
 
 import torch
@@ -118,23 +119,32 @@ def status_mib(key):
 
 class StepClock:
     """Wall time and the process's CPU time (all threads) from the end of step `warmup` to the
-    end of step `warmup + steps` (trainer_bench's StepClock)."""
+    end of step `warmup + steps`, and the wall time of each timed step (trainer_bench's
+    StepClock)."""
 
     def __init__(self, warmup, total):
         self.warmup, self.total = warmup, total
-        self.start = self.end = self.cpu_start = self.cpu_end = None
+        self.start = self.end = self.cpu_start = self.cpu_end = self.last = None
+        self.step_seconds = []
 
     def step_ended(self, completed):
+        now = time.perf_counter()
+        if self.warmup < completed <= self.total:
+            self.step_seconds.append(now - self.last)
+        self.last = now
         if completed == self.warmup:
-            self.start, self.cpu_start = time.perf_counter(), time.process_time()
+            self.start, self.cpu_start = now, time.process_time()
         if completed == self.total:
-            self.end, self.cpu_end = time.perf_counter(), time.process_time()
+            self.end, self.cpu_end = now, time.process_time()
 
     def seconds(self):
         return self.end - self.start
 
     def cpu_seconds(self):
         return self.cpu_end - self.cpu_start
+
+    def median_step_seconds(self):
+        return statistics.median(self.step_seconds)
 
 
 def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads):
@@ -144,6 +154,7 @@ def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads):
         "optim": args.optim, "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
         "threads": torch.get_num_threads(), "default_threads": default_threads,
         "seconds": round(clock.seconds(), 6), "cpu_seconds": round(clock.cpu_seconds(), 6),
+        "median_step_ms": round(1e3 * clock.median_step_seconds(), 4),
         "steps_per_second": round(args.steps / clock.seconds(), 3),
         "samples_per_second": round(args.steps * args.batch_size / clock.seconds(), 1),
         "mean_loss": round(mean_loss, 5), "setup_rss_mib": round(setup_rss_mib, 1),
