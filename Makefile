@@ -1,12 +1,16 @@
 # The README's two commands, and the steps they are made of.
 #   make demo   installs what is missing, builds, trains Fashion-MNIST in bf16, prints accuracy
 #   make test   installs what is missing, builds everything, runs every test
+#   make bench  installs what is missing, builds the benchmarks, runs the side-by-side anchors
 JOBS ?= $(shell nproc)
 DEMO_FLAGS ?= --bf16 --num_train_epochs 1 --learning_rate 2e-3 --per_device_train_batch_size 64 \
               --per_device_eval_batch_size 1000 \
               --logging_steps 100 --output_dir build/demo-output --overwrite_output_dir
 
-.PHONY: all bootstrap configure build test demo clean
+# bench/anchors' flags (--help lists them); empty = the settings BENCHMARKS.md quotes.
+BENCH_FLAGS ?=
+
+.PHONY: all bootstrap configure build test demo bench clean
 all: build
 
 bootstrap:
@@ -23,6 +27,12 @@ test: build
 
 demo: build
 	build/examples/fashion_mnist $(DEMO_FLAGS)
+
+# Trainer vs hand-written LibTorch, PyTorch and HF Trainer, bf16 vs fp32, peak memory
+# (BENCHMARKS.md). Prints a table and a JSON line, also written to build/bench/anchors.json.
+bench: configure
+	cmake --build --preset default -j $(JOBS) --target trainer_bench fused_adamw_bench
+	bench/anchors --output build/bench/anchors.json $(BENCH_FLAGS)
 
 clean:
 	rm -rf build

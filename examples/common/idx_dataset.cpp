@@ -97,7 +97,10 @@ FashionMnist::FashionMnist(const std::string& dir, Split split) {
 }
 
 torch::data::Example<> FashionMnist::get_batch(c10::ArrayRef<size_t> indices) {
-  auto index = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
+  // A view of the indices, not a copy (torch::tensor would dispatch a handful of ops): `rows`
+  // outlives both index_select calls, which copy what they gather.
+  std::vector<int64_t> rows(indices.begin(), indices.end());
+  const auto index = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, torch::kLong);
   return {images_.index_select(0, index), targets_.index_select(0, index)};
 }
 

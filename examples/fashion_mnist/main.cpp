@@ -15,36 +15,13 @@
 #include <mantissa/training_arguments.h>
 
 #include "../common/example_flags.h"
+#include "../common/fashion_models.h"
 #include "../common/idx_dataset.h"
 
 namespace {
 
+using mantissa::examples::FashionCnn;
 using mantissa::examples::FashionMnist;
-
-// Two conv blocks and a two-layer head: ~0.42M parameters, ~91-92% after a few epochs.
-struct FashionCnnImpl : torch::nn::Module {
-  torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 32, 3).padding(1)};
-  torch::nn::Conv2d conv2{torch::nn::Conv2dOptions(32, 64, 3).padding(1)};
-  torch::nn::Linear fc1{64 * 7 * 7, 128};
-  torch::nn::Linear fc2{128, 10};
-  torch::nn::Dropout dropout{0.25};
-
-  FashionCnnImpl() {
-    register_module("conv1", conv1);
-    register_module("conv2", conv2);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("dropout", dropout);
-  }
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-    x = dropout(torch::relu(fc1(x.flatten(1))));
-    return fc2(x);
-  }
-};
-TORCH_MODULE(FashionCnn);
 
 }  // namespace
 

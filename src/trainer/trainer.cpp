@@ -58,7 +58,9 @@ c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
 
 /// HF's dataloader_pin_memory: a CPU batch bound for a GPU is first copied into page-locked
 /// memory (LibTorch's caching host allocator), so that the copy to the device is asynchronous.
-Batch to_device(const Batch& batch, const c10::Device& device, bool pin_memory) {
+Batch to_device(Batch batch, const c10::Device& device, bool pin_memory) {
+  // Two dispatched no-op `to()` calls per step otherwise (a batch gathered on the CPU for the CPU).
+  if (batch.data.device() == device && batch.target.device() == device) return batch;
   auto move = [&](const torch::Tensor& t) {
     const bool pin = pin_memory && device.is_cuda() && t.is_cpu() && !t.is_pinned();
     return (pin ? t.pin_memory() : t).to(device, /*non_blocking=*/true);
@@ -232,7 +234,8 @@ class Trainer::Impl {
                              /*cache_enabled=*/graph_ == nullptr);
       loss = compute_loss(batch);
     }
-    loss = loss / static_cast<double>(in_group);
+    // Dividing by 1 changes nothing but costs an op forward and one backward.
+    if (in_group > 1) loss = loss / static_cast<double>(in_group);
     scaler_.scale(loss).backward();
     accumulate_loss(loss.detach().to(torch::kFloat));
   }
@@ -706,10 +709,13 @@ class Trainer::Impl {
   /// HF's tr_loss with logging_nan_inf_filter, on the device: a non-finite micro-loss is
   /// replaced by the running average of this logging window, `tr_loss / (1 + global_step -
   /// globalstep_last_logged)`. In place, with the step count on the device too, so that a
-  /// captured step keeps accumulating into the same tensors.
+  /// captured step keeps accumulating into the same tensors; and with few ops: this runs every
+  /// micro-batch, and on a small model each dispatched op is a visible share of the step.
   void accumulate_loss(const torch::Tensor& step_loss) {
-    const auto finite = at::isfinite(step_loss);
-    nonfinite_streak_.copy_(torch::where(finite, torch::zeros_like(nonfinite_streak_), nonfinite_streak_ + 1));
+    // x - x is 0 exactly when x is finite (inf - inf and nan - nan are nan): two ops, where
+    // at::isfinite dispatches six on the CPU.
+    const auto finite = (step_loss - step_loss).eq(0);
+    nonfinite_streak_.add_(1).masked_fill_(finite, 0);
     if (args_.logging_nan_inf_filter()) {
       tr_loss_.add_(torch::where(finite, step_loss, tr_loss_ / (window_steps_ + 1)));
     } else {

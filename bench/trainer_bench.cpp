@@ -1,0 +1,305 @@
+// One training run on Fashion-MNIST, timed in its steady state, through mantissa's Trainer or
+// through a hand-written LibTorch loop doing the same math; prints one JSON line.
+//
+//   build/bench/trainer_bench --impl trainer --model mlp --precision bf16 --steps 600 --warmup 50
+//   build/bench/trainer_bench --impl hand    --model cnn --precision fp32 --steps 150 --warmup 20
+//
+// bench/anchors runs this program and the Python anchors (bench/python/) in separate
+// processes, interleaved, and compares them; see BENCHMARKS.md.
+//
+// What both implementations do, step for step (the Trainer's defaults, with the optimizer and
+// precision given on the command line):
+//   - batches of --batch_size in the Trainer's order for epoch 0 (randperm of the 60000 train
+//     images with a CPU generator seeded with --seed), gathered with one index_select;
+//   - forward and cross-entropy under bf16 autocast (bf16, bf16_masters) or in fp32;
+//   - backward; with bf16_masters, the bf16 grads copied into fp32 masters;
+//   - clip_grad_norm_ to 1.0 (HF's max_grad_norm default), AdamW (lr --lr, weight decay 0,
+//     HF's defaults otherwise), linear LR decay to 0 over the run, zero_grad.
+// Timed: wall time from the end of step --warmup to the end of step --warmup + --steps. On the
+// CPU every op has finished when it returns, so no sync is needed at either end.
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <mantissa/amp/autocast.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/clip_grad.h>
+#include <mantissa/io/filesystem.h>
+#include <mantissa/lr_scheduler.h>
+#include <mantissa/optim/fused_adamw.h>
+#include <mantissa/trainer.h>
+#include <mantissa/training_arguments.h>
+
+#include "fashion_models.h"
+#include "idx_dataset.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using mantissa::examples::FashionMnist;
+
+struct Config {
+  std::string impl = "trainer";        // trainer | hand
+  std::string model = "mlp";           // mlp | cnn
+  std::string precision = "bf16";      // fp32 | bf16 (autocast) | bf16_masters (bf16 model + fp32 masters)
+  std::string optim = "adamw_torch_fused";  // the Trainer's --optim: adamw_torch | adamw_torch_fused
+  std::int64_t steps = 200;
+  std::int64_t warmup = 20;
+  std::int64_t batch_size = 64;
+  int threads = 2;
+  double lr = 1e-3;
+  std::int64_t seed = 42;
+  std::string data_dir = mantissa::examples::kFashionMnistDir;
+  bool count_ops = false;
+
+  std::int64_t total_steps() const { return warmup + steps; }
+  bool bf16() const { return precision != "fp32"; }
+  bool masters() const { return precision == "bf16_masters"; }
+  bool fused() const { return optim == "adamw_torch_fused"; }
+};
+
+struct Measurement {
+  double seconds = 0.0;      // wall time of the timed steps
+  double cpu_seconds = 0.0;  // the process's CPU time over the same steps
+  double median_step_seconds = 0.0;
+  double mean_loss = 0.0;  // over every step of the run, warmup included
+};
+
+/// A line of /proc/self/status in MiB ("VmRSS", "VmHWM").
+double status_mib(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;  // kB
+  }
+  return -1.0;
+}
+
+/// Counts the ATen ops dispatched (top-level and nested: every RecordFunction of scope
+/// FUNCTION) while `counting` is set, by name. Only with --count_ops: the callback slows
+/// every op down, so timed runs go without it.
+struct OpCounter {
+  static OpCounter& instance() {
+    static OpCounter counter;
+    return counter;
+  }
+  void install() {
+    at::addGlobalCallback(at::RecordFunctionCallback(
+                              [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                auto& self = instance();
+                                if (self.counting) ++self.by_name[fn.name()];
+                                return nullptr;
+                              })
+                              .scopes({at::RecordScope::FUNCTION}));
+  }
+  std::int64_t total() const {
+    std::int64_t n = 0;
+    for (const auto& [name, count] : by_name) n += count;
+    return n;
+  }
+  bool counting = false;
+  std::map<std::string, std::int64_t> by_name;
+};
+
+/// CPU time of the whole process (all threads), in seconds.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+/// Records the wall time and the process's CPU time when the warmup ends and when the last
+/// timed step ends, and the wall time of each timed step. On a machine shared with other work
+/// the median step is the steadier figure: a step that waited for a core is an outlier there.
+struct StepClock {
+  std::int64_t warmup;
+  std::int64_t total;
+  Clock::time_point start, end, last;
+  double cpu_start = 0.0, cpu_end = 0.0;
+  std::vector<double> step_seconds;
+  void step_ended(std::int64_t completed) {
+    const auto now = Clock::now();
+    if (completed > warmup && completed <= total) step_seconds.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+    if (completed == warmup) {
+      start = now;
+      cpu_start = process_cpu_seconds();
+      OpCounter::instance().counting = true;
+    }
+    if (completed == total) {
+      end = now;
+      cpu_end = process_cpu_seconds();
+      OpCounter::instance().counting = false;
+    }
+  }
+  double seconds() const { return std::chrono::duration<double>(end - start).count(); }
+  double cpu_seconds() const { return cpu_end - cpu_start; }
+  double median_step_seconds() const {
+    auto v = step_seconds;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+};
+
+struct StepClockCallback : mantissa::TrainerCallback {
+  explicit StepClockCallback(StepClock& clock) : clock(clock) {}
+  void on_step_end(const mantissa::TrainingArguments&, mantissa::TrainerState& state,
+                   mantissa::TrainerControl&) override {
+    clock.step_ended(state.global_step);
+  }
+  StepClock& clock;
+};
+
+template <typename Model>
+Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
+  const auto output_dir = mantissa::io::make_temp_directory("/tmp", "trainer-bench-");
+  auto args = mantissa::TrainingArguments()
+                  .output_dir(output_dir)
+                  .overwrite_output_dir(true)
+                  .use_cpu(true)
+                  .max_steps(c.total_steps())
+                  .per_device_train_batch_size(c.batch_size)
+                  .learning_rate(c.lr)
+                  .optim(c.optim)
+                  .bf16(c.bf16())
+                  .master_weights(c.masters() ? "on" : "auto")
+                  .logging_strategy("no")
+                  .save_strategy("no")
+                  .disable_tqdm(true)
+                  .seed(c.seed);
+  StepClock clock{c.warmup, c.total_steps(), {}, {}};
+  mantissa::Trainer trainer(model, args, std::move(data));
+  trainer.add_callback(std::make_shared<StepClockCallback>(clock));
+  const auto result = trainer.train();
+  mantissa::io::remove_all(output_dir);
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), result.training_loss};
+}
+
+/// What a LibTorch user writes by hand for the same run, with the same building blocks.
+template <typename Model>
+Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
+  std::unique_ptr<mantissa::amp::MasterWeights> masters;
+  if (c.masters()) {
+    model->to(torch::kBFloat16);
+    masters = std::make_unique<mantissa::amp::MasterWeights>(model->parameters());
+  }
+  const auto params = masters ? masters->master_params() : model->parameters();
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (c.fused()) {
+    const auto options = mantissa::optim::FusedAdamWOptions(c.lr).weight_decay(0.0);
+    optimizer = masters ? std::make_unique<mantissa::optim::FusedAdamW>(*masters, options)  // writes the bf16 model too
+                        : std::make_unique<mantissa::optim::FusedAdamW>(params, options);
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(0.0));
+  }
+  mantissa::LrScheduler scheduler(*optimizer, "linear", /*num_warmup_steps=*/0, c.total_steps());
+
+  torch::manual_seed(static_cast<std::uint64_t>(c.seed));  // dropout, as the Trainer seeds at train()
+  model->train();
+  const auto order = torch::randperm(data.images().size(0),
+                                     at::detail::createCPUGenerator(static_cast<std::uint64_t>(c.seed)), torch::kLong);
+  auto loss_sum = torch::zeros({}, torch::kFloat);
+  StepClock clock{c.warmup, c.total_steps(), {}, {}};
+  for (std::int64_t step = 0; step < c.total_steps(); ++step) {
+    const auto index = order.slice(0, step * c.batch_size, (step + 1) * c.batch_size);
+    const auto images = data.images().index_select(0, index);
+    const auto targets = data.targets().index_select(0, index);
+    torch::Tensor loss;
+    {
+      mantissa::amp::Autocast autocast(torch::kCPU, torch::kBFloat16, c.bf16());
+      loss = torch::nn::functional::cross_entropy(model->forward(images), targets);
+    }
+    loss.backward();
+    loss_sum += loss.detach().to(torch::kFloat);
+    if (masters) masters->copy_grads_to_masters();
+    mantissa::clip_grad_norm_(params, 1.0);
+    optimizer->step();
+    if (masters && !c.fused()) masters->copy_masters_to_model();
+    scheduler.step();
+    optimizer->zero_grad();
+    if (masters) masters->zero_grad();
+    clock.step_ended(step + 1);
+  }
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), loss_sum.item<double>() / static_cast<double>(c.total_steps())};
+}
+
+template <typename Model>
+Measurement run(const Config& c, FashionMnist data, double& setup_rss_mib) {
+  torch::manual_seed(static_cast<std::uint64_t>(c.seed));
+  Model model;
+  setup_rss_mib = status_mib("VmRSS");
+  return c.impl == "trainer" ? run_trainer(c, model, std::move(data)) : run_hand(c, model, data);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Config c;
+  CLI::App app{"One Fashion-MNIST training run through mantissa's Trainer or a hand-written LibTorch loop; "
+               "prints one JSON line."};
+  app.add_option("--impl", c.impl, "trainer or hand")->check(CLI::IsMember({"trainer", "hand"}));
+  app.add_option("--model", c.model, "mlp (784-256-256-10) or cnn (examples/fashion_mnist)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--precision", c.precision, "fp32, bf16 (autocast, fp32 weights) or bf16_masters")
+      ->check(CLI::IsMember({"fp32", "bf16", "bf16_masters"}));
+  app.add_option("--optim", c.optim, "adamw_torch (torch::optim::AdamW) or adamw_torch_fused (mantissa FusedAdamW)")
+      ->check(CLI::IsMember({"adamw_torch", "adamw_torch_fused"}));
+  app.add_option("--steps", c.steps, "timed optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", c.warmup, "untimed steps before them")->check(CLI::PositiveNumber);
+  app.add_option("--batch_size", c.batch_size)->check(CLI::PositiveNumber);
+  app.add_option("--threads", c.threads, "at::set_num_threads")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr);
+  app.add_option("--seed", c.seed);
+  app.add_option("--data_dir", c.data_dir);
+  app.add_flag("--count_ops", c.count_ops,
+               "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by name on stderr); "
+               "slows the run down, so its times are not comparable");
+  CLI11_PARSE(app, argc, argv);
+
+  const int default_threads = at::get_num_threads();
+  at::set_num_threads(c.threads);
+  FashionMnist data(c.data_dir, FashionMnist::Split::kTrain);
+  TORCH_CHECK_VALUE(c.total_steps() * c.batch_size <= data.images().size(0),
+                    "warmup + steps must fit in one epoch (", data.images().size(0) / c.batch_size, " batches of ",
+                    c.batch_size, ")");
+
+  if (c.count_ops) OpCounter::instance().install();
+  double setup_rss_mib = 0.0;
+  const auto m = c.model == "mlp" ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
+                                  : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
+  std::string ops_json;
+  if (c.count_ops) {
+    const auto& counter = OpCounter::instance();
+    ops_json = ",\"ops_per_step\":" + std::to_string(static_cast<double>(counter.total()) / static_cast<double>(c.steps));
+    for (const auto& [name, count] : counter.by_name) {
+      std::fprintf(stderr, "%10.2f %s\n", static_cast<double>(count) / static_cast<double>(c.steps), name.c_str());
+    }
+  }
+  std::printf(
+      "{\"bench\":\"trainer_anchor\",\"impl\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\",\"optim\":\"%s\","
+      "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
+      "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
+      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"%s}\n",
+      c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(), static_cast<long long>(c.batch_size),
+      static_cast<long long>(c.warmup), static_cast<long long>(c.steps), at::get_num_threads(), default_threads,
+      m.seconds, m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
+      static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib, status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());
+  return 1;
+}
