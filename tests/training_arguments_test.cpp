@@ -136,7 +136,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.per_device_train_batch_size(), 8);
   EXPECT_EQ(a.per_device_eval_batch_size(), 8);
   EXPECT_EQ(a.gradient_accumulation_steps(), 1);
-  EXPECT_EQ(a.optim(), "adamw_torch");
+  EXPECT_EQ(a.optim(), "adamw_torch_fused");  // HF's default with torch >= 2.8
   EXPECT_EQ(a.learning_rate(), 5e-5);
   EXPECT_EQ(a.weight_decay(), 0.0);
   EXPECT_EQ(a.adam_beta1(), 0.9);

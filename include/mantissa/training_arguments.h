@@ -43,7 +43,7 @@
     "Number of update steps to accumulate the gradients for, before performing a "                 \
     "backward/update pass.")                                                                       \
   /* ---- optimizer -------------------------------------------------------------------- */      \
-  X(std::string, optim, "adamw_torch",                                                             \
+  X(std::string, optim, "adamw_torch_fused",                                                       \
     "The optimizer to use: adamw_torch, adamw_torch_fused or adamw_mantissa_fused (both "          \
     "mantissa's fused AdamW: unscale, inf check, step and master-weight cast in one pass, no "     \
     "host sync) or sgd.")                                                                          \
