@@ -88,7 +88,8 @@ void abandon_capture(c10::DeviceIndex device, const c10::cuda::CUDAStream& strea
 }  // namespace
 
 StepGraph::StepGraph(const c10::Device& device) {
-  TORCH_CHECK(!cuda_graph_unavailable(device), "StepGraph: ", *cuda_graph_unavailable(device));
+  const auto unavailable = cuda_graph_unavailable(device);
+  TORCH_CHECK(!unavailable, "StepGraph: ", *unavailable);
   const c10::cuda::CUDAGuard device_guard(device);
   state_ = std::make_unique<State>(device);
   at::cuda::CUDAEvent queued;  // the new stream starts after what is queued on the old one

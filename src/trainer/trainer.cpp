@@ -263,7 +263,7 @@ class Trainer::Impl {
     } else {
       scaler_.update(args_.loss_scale());
     }
-    window_steps_.add_(1);
+    if (graph_) window_steps_.add_(1);  // only a captured step needs the count on the device
   }
 
   /// The eager optimizer step. Returns whether it was skipped (fp16 overflow).
@@ -708,16 +708,19 @@ class Trainer::Impl {
 
   /// HF's tr_loss with logging_nan_inf_filter, on the device: a non-finite micro-loss is
   /// replaced by the running average of this logging window, `tr_loss / (1 + global_step -
-  /// globalstep_last_logged)`. In place, with the step count on the device too, so that a
-  /// captured step keeps accumulating into the same tensors; and with few ops: this runs every
-  /// micro-batch, and on a small model each dispatched op is a visible share of the step.
+  /// globalstep_last_logged)`. In place, so that a captured step keeps accumulating into the
+  /// same tensors (which then also count the steps on the device); and with few ops: this runs
+  /// every micro-batch, and on a small model each dispatched op is a visible share of the step.
   void accumulate_loss(const torch::Tensor& step_loss) {
     // x - x is 0 exactly when x is finite (inf - inf and nan - nan are nan): two ops, where
     // at::isfinite dispatches six on the CPU.
     const auto finite = (step_loss - step_loss).eq(0);
     nonfinite_streak_.add_(1).masked_fill_(finite, 0);
     if (args_.logging_nan_inf_filter()) {
-      tr_loss_.add_(torch::where(finite, step_loss, tr_loss_ / (window_steps_ + 1)));
+      const auto window_average =
+          graph_ ? tr_loss_ / (window_steps_ + 1)
+                 : tr_loss_ / static_cast<double>(1 + state_.global_step - last_logged_step_);
+      tr_loss_.add_(torch::where(finite, step_loss, window_average));
     } else {
       tr_loss_.add_(step_loss);
     }
@@ -754,7 +757,7 @@ class Trainer::Impl {
   TrainerState state_;
   TrainerControl control_;
   torch::Tensor tr_loss_;
-  torch::Tensor window_steps_;  // optimizer steps since the last log, on the device (float)
+  torch::Tensor window_steps_;  // cuda_graph: optimizer steps since the last log, on the device
   torch::Tensor nonfinite_streak_;
   torch::Tensor grad_norm_;
   torch::Tensor scale_before_;  // the loss scale the last step used (fp16), for the skip log line
