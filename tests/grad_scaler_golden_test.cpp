@@ -1,6 +1,10 @@
 // Golden parity with torch.amp.GradScaler: tests/golden/make_grad_scaler_golden.py ran the same
 // 50-step scenario in Python (PyTorch from the project venv) and wrote its trajectory. Scale and
-// growth tracker must match exactly, parameters to 1e-6.
+// growth tracker must match exactly: they follow from which steps overflowed, and each update is
+// one float multiply. Parameters match to kRtol * |value| + kAtol: matmul, tanh and the loss's
+// reduction round differently in the last bit on another CPU or under another
+// ATEN_CPU_CAPABILITY, and 50 steps of momentum carry those bits along. The generator keeps every
+// weight below 10, so the absolute part stays meaningful.
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -20,6 +24,9 @@ using mantissa::amp::GradScalerOptions;
 using nlohmann::json;
 
 const json& golden() { return mantissa_test::golden_file("grad_scaler_golden.json"); }
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
 
 torch::Tensor tensor_from(const json& values, at::IntArrayRef shape) {
   std::vector<float> data = values.get<std::vector<float>>();
@@ -71,18 +78,24 @@ TEST_P(GradScalerGoldenTest, MatchesTorchAmpGradScaler) {
     scaler.step(optimizer);
     scaler.update();
     skipped += scaler.last_step_skipped();
+    if (step == doc["huge_batch"].get<int>()) {
+      EXPECT_TRUE(scaler.last_step_skipped()) << "the huge batch's scaled gradients overflow";
+    }
 
     const auto& expected = scenario["trajectory"][step];
     ASSERT_EQ(scaler.get_scale(), expected["scale"].get<double>());
     ASSERT_EQ(scaler.get_growth_tracker(), expected["growth_tracker"].get<std::int64_t>());
     for (auto& item : params) {
       const auto want = tensor_from(expected["params"][item.key()], item.value().sizes());
-      ASSERT_TRUE(torch::allclose(item.value(), want, /*rtol=*/0, /*atol=*/1e-6))
-          << item.key() << " max |diff| " << (item.value() - want).abs().max().item<double>();
+      ASSERT_LT(want.abs().max().item<double>(), doc["bound"].get<double>())
+          << "the reference run must keep its weights bounded, or kAtol means nothing";
+      ASSERT_TRUE(torch::allclose(item.value(), want, kRtol, kAtol))
+          << item.key() << " max |diff| " << (item.value() - want).abs().max().item<double>()
+          << ", largest |value| " << want.abs().max().item<double>();
     }
   }
   EXPECT_EQ(scaler.skipped_steps(), skipped);
-  EXPECT_GE(skipped, 7) << "the scenario injects seven overflows";
+  EXPECT_GE(skipped, 8) << "the scenario injects seven overflows and has one huge batch";
 
   const auto& want_state = scenario["final_state_dict"];
   const auto state = scaler.state_dict();
