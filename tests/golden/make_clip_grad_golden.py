@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Writes what torch.nn.utils.clip_grad_norm_ returns and does on fixed gradients, which
-tests/clip_grad_test.cpp (mantissa::clip_grad_norm_) must reproduce to 1e-6.
+tests/clip_grad_test.cpp (mantissa::clip_grad_norm_) must reproduce: to 1e-6 relative where every
+gradient of a case is fp32/fp64, to two ulps of the narrowest dtype where a case has bf16/fp16
+gradients (their norms are rounded to that dtype, so another CPU's summation order can move them
+one unit).
 
 Run with the project venv:  .venv/bin/python tests/golden/make_clip_grad_golden.py [OUT]
 (default OUT: tests/golden/clip_grad_golden.json next to this script).
