@@ -1,10 +1,12 @@
 // FusedAdamW against LibTorch's torch::optim::AdamW, under GradScaler, with MasterWeights, and
 // through checkpoints. The CUDA kernel is compared with the CPU kernel on a GPU (Cuda suites).
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -483,6 +485,36 @@ TEST(FusedAdamWTest, EveryBuiltCpuKernelAgrees) {
   for (size_t k = 1; k < results.size(); ++k) {
     // DEFAULT rounds m's multiply-add in two steps where AVX2/AVX512 fuse it: an ulp apart.
     EXPECT_TRUE(torch::allclose(results[k], results[0], 1e-6, 1e-7)) << "kernel " << k;
+  }
+}
+
+// CTest runs this suite natively and under ATEN_CPU_CAPABILITY=default and =avx2: each time a
+// FusedAdamW step must run the kernel built for the level ATen reports, and no other.
+TEST(FusedAdamWTest, StepRunsTheKernelOfAtensCpuCapability) {
+  namespace d = mantissa::optim::detail;
+  const std::string aten = at::get_cpu_capability();
+  const std::string expected = aten == "AVX512" || aten == "AVX2" ? aten : "DEFAULT";
+#if defined(__x86_64__)
+  // The variable caps the level (the suite skips itself where the CPU cannot run the level).
+  const char* requested = std::getenv("ATEN_CPU_CAPABILITY");
+  if (requested != nullptr && std::string(requested) == "default") EXPECT_EQ(aten, "DEFAULT");
+  if (requested != nullptr && std::string(requested) == "avx2") EXPECT_EQ(aten, "AVX2");
+#endif
+  EXPECT_EQ(d::fused_adamw_cpu_capability(), expected);
+
+  const std::vector<std::pair<std::string, std::int64_t (*)()>> counters{
+      {"DEFAULT", &d::DEFAULT::fused_adamw_cpu_calls},
+      {"AVX2", &d::AVX2::fused_adamw_cpu_calls},
+      {"AVX512", &d::AVX512::fused_adamw_cpu_calls}};
+  std::vector<std::int64_t> before;
+  for (const auto& counter : counters) before.push_back(counter.second());
+  auto p = leaf(torch::randn({100}));
+  p.mutable_grad() = torch::randn({100});
+  FusedAdamW opt({p});
+  opt.step();
+  for (size_t k = 0; k < counters.size(); ++k) {
+    EXPECT_EQ(counters[k].second() - before[k], counters[k].first == expected ? 1 : 0)
+        << counters[k].first << " kernel, ATen says " << aten;
   }
 }
 

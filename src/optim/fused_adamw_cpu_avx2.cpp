@@ -8,5 +8,6 @@
 #include "optim/fused_adamw_kernels.h"
 namespace mantissa::optim::detail::AVX2 {
 void fused_adamw_cpu(const AdamWCpuArgs& args) { DEFAULT::fused_adamw_cpu(args); }
+std::int64_t fused_adamw_cpu_calls() { return 0; }
 }  // namespace mantissa::optim::detail::AVX2
 #endif

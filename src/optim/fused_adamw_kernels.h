@@ -63,14 +63,20 @@ struct AdamWCpuArgs {
 };
 
 // One definition per instruction set; fused_adamw.cpp picks one with at::get_cpu_capability().
+// `fused_adamw_cpu_calls` counts the calls of that build (one relaxed atomic add per call, not
+// per element), so a test can tell which kernel a step really ran; 0 for a build that forwards
+// to DEFAULT (not x86-64).
 namespace DEFAULT {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
+std::int64_t fused_adamw_cpu_calls();
 }
 namespace AVX2 {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
+std::int64_t fused_adamw_cpu_calls();
 }
 namespace AVX512 {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
+std::int64_t fused_adamw_cpu_calls();
 }
 
 /// Runs the CPU kernel built for the best instruction set this CPU and ATen allow.
