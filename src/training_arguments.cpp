@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "checked_math.h"
 #include "device_info.h"
 #include "io/atomic_file.h"
 
@@ -523,6 +524,52 @@ void check_precision_support(const TrainingArguments& args, const DeviceInfo& in
 // =============================================================================================
 // Validation
 
+namespace {
+
+// The run's counts (examples per optimizer step, optimizer steps, epochs, examples drawn) are
+// int64 in the Trainer and its state. Those that follow from the arguments alone are checked
+// here, so that an impossible size is an error naming its flag rather than a wrapped count;
+// make_run_schedule (src/trainer/schedule.cpp) checks those that depend on the dataset.
+void check_counts_fit(const TrainingArguments& args) {
+  const auto batch = args.per_device_train_batch_size();
+  const auto accumulation = args.gradient_accumulation_steps();
+  const auto examples_per_step = detail::checked_mul(batch, accumulation);
+  TORCH_CHECK_VALUE(examples_per_step.has_value(), "--per_device_train_batch_size ", batch,
+                    " x --gradient_accumulation_steps ", accumulation,
+                    " examples per optimizer step is more than a 64-bit count holds (at most ",
+                    detail::kMaxCount, ")");
+  if (args.max_steps() > 0) {
+    TORCH_CHECK_VALUE(detail::checked_mul(args.max_steps(), *examples_per_step).has_value(),
+                      "--max_steps ", args.max_steps(), " optimizer steps of ", *examples_per_step,
+                      " examples each (--per_device_train_batch_size ", batch,
+                      " x --gradient_accumulation_steps ", accumulation,
+                      ") is more examples than a 64-bit count holds (at most ", detail::kMaxCount,
+                      "); lower --max_steps");
+    return;
+  }
+  const double epochs = args.num_train_epochs();
+  TORCH_CHECK_VALUE(detail::fits_int64(std::ceil(epochs)), "--num_train_epochs ", repr(epochs),
+                    " is more epochs than a 64-bit count holds (at most ", detail::kMaxCount, ")");
+  // Every epoch takes at least one optimizer step, whatever the dataset.
+  const auto min_steps = static_cast<int64_t>(std::ceil(epochs));
+  TORCH_CHECK_VALUE(detail::checked_mul(min_steps, *examples_per_step).has_value(),
+                    "--num_train_epochs ", repr(epochs), " (at least ", min_steps,
+                    " optimizer steps) of ", *examples_per_step,
+                    " examples per step (--per_device_train_batch_size ", batch,
+                    " x --gradient_accumulation_steps ", accumulation,
+                    ") is more examples than a 64-bit count holds (at most ", detail::kMaxCount,
+                    ")");
+}
+
+// An interval in steps (or a ratio below 1 of the run): what `resolve_steps` can turn into a
+// step count.
+void check_step_count(const char* field, double steps) {
+  TORCH_CHECK_VALUE(steps >= 0 && steps < 0x1p63, "--", field, " ", repr(steps),
+                    " is not a number of steps: it must lie in [0, ", detail::kMaxCount, "]");
+}
+
+}  // namespace
+
 void TrainingArguments::validate() const {
   // JSON cannot hold inf or nan, and no field means anything with them.
 #define MANTISSA_TA_CHECK_FINITE_(type, name, default_value, help) check_finite(#name, name##_);
@@ -566,6 +613,7 @@ void TrainingArguments::validate() const {
   TORCH_CHECK_VALUE(gradient_accumulation_steps_ >= 1,
                     "gradient_accumulation_steps must be at least 1, got ",
                     gradient_accumulation_steps_);
+  check_counts_fit(*this);
 
   // Optimizer (torch.optim's limits).
   TORCH_CHECK_VALUE(learning_rate_ >= 0, "learning_rate must be non-negative, got ",
@@ -616,6 +664,11 @@ void TrainingArguments::validate() const {
                       repr(save_steps_));
     check_interval("save_steps", save_steps_);
   }
+  // Whatever the strategy, the Trainer turns each interval into a step count (and records it in
+  // trainer_state.json, as HF does), so each must be one: not negative, and within int64.
+  check_step_count("logging_steps", logging_steps_);
+  check_step_count("save_steps", save_steps_);
+  if (eval_steps_) check_step_count("eval_steps", *eval_steps_);
   TORCH_CHECK_VALUE(save_strategy_ != "best" || eval_strategy_ != "no",
                     "save_strategy best saves when the evaluation loss improves, so it requires "
                     "an eval_strategy of steps or epoch, got eval_strategy='no'");
@@ -639,6 +692,16 @@ void TrainingArguments::validate() const {
                     hysteresis_);
   TORCH_CHECK_VALUE(min_loss_scale_ >= 0, "min_loss_scale must be non-negative, got ",
                     repr(min_loss_scale_));
+  // The scale lives in a float32 tensor (as torch.amp.GradScaler's does): a larger value would
+  // be inf there, and every step would overflow.
+  const auto check_float32 = [](const char* field, double scale) {
+    TORCH_CHECK_VALUE(scale <= std::numeric_limits<float>::max(), "--", field, " ", repr(scale),
+                      " does not fit in the float32 that holds the loss scale (at most ",
+                      repr(static_cast<double>(std::numeric_limits<float>::max())), ")");
+  };
+  check_float32("loss_scale", loss_scale_);
+  check_float32("min_loss_scale", min_loss_scale_);
+  if (max_loss_scale_) check_float32("max_loss_scale", *max_loss_scale_);
   if (max_loss_scale_) {
     TORCH_CHECK_VALUE(*max_loss_scale_ > 0 && *max_loss_scale_ >= min_loss_scale_,
                       "max_loss_scale must be positive and >= min_loss_scale, got max_loss_scale=",
@@ -801,13 +864,22 @@ double TrainingArguments::resolved_eval_steps() const {
 }
 
 int64_t TrainingArguments::resolve_steps(double steps, int64_t max_steps) {
+  // validate() keeps the intervals in range; this keeps a direct call defined.
+  TORCH_CHECK_VALUE(steps >= 0 && steps < 0x1p63, "resolve_steps: ", repr(steps),
+                    " is not a number of steps: it must lie in [0, ", detail::kMaxCount, "]");
+  TORCH_CHECK_VALUE(max_steps >= 0, "resolve_steps: max_steps must be non-negative, got ",
+                    max_steps);
+  // A ratio below 1 of at most 2^63 steps stays below 2^63.
   if (steps < 1) return static_cast<int64_t>(std::ceil(steps * static_cast<double>(max_steps)));
   return static_cast<int64_t>(steps);
 }
 
 int64_t TrainingArguments::get_warmup_steps(int64_t num_training_steps) const {
   if (warmup_steps_ > 0) return warmup_steps_;
-  return static_cast<int64_t>(std::ceil(static_cast<double>(num_training_steps) * warmup_ratio_));
+  // In double, a run near 2^63 steps rounds up to 2^63, one past int64: then the warmup is the
+  // whole run (warmup_ratio <= 1).
+  const double steps = std::ceil(static_cast<double>(num_training_steps) * warmup_ratio_);
+  return detail::fits_int64(steps) ? static_cast<int64_t>(steps) : num_training_steps;
 }
 
 bool TrainingArguments::operator==(const TrainingArguments& other) const {

@@ -685,6 +685,76 @@ TEST(TrainingArgumentsTest, BoundaryValuesAreValid) {
   }
 }
 
+// Issue 11, defect 7: a size the run cannot count in int64 is an error naming the flag and its
+// value, never a wrapped count (which trained nothing and exited 0) or a misleading message.
+TEST(TrainingArgumentsTest, SizesBeyondInt64AreErrorsNamingTheFlag) {
+  const std::string max = "9223372036854775807";
+  EXPECT_THAT(parse_error({"--per_device_train_batch_size", max, "--gradient_accumulation_steps", "2"}),
+              HasSubstr("--per_device_train_batch_size " + max +
+                        " x --gradient_accumulation_steps 2 examples per optimizer step is more "
+                        "than a 64-bit count holds"));
+  // Three epochs take at least three optimizer steps of that many examples.
+  EXPECT_THAT(parse_error({"--per_device_train_batch_size", max}),
+              HasSubstr("--num_train_epochs 3.0 (at least 3 optimizer steps) of " + max +
+                        " examples per step (--per_device_train_batch_size " + max));
+  EXPECT_THAT(parse_error({"--max_steps", max}),
+              HasSubstr("--max_steps " + max + " optimizer steps of 8 examples each"));
+  EXPECT_THAT(parse_error({"--num_train_epochs", "1e300"}),
+              HasSubstr("--num_train_epochs 1e+300 is more epochs than a 64-bit count holds"));
+  EXPECT_THAT(parse_error({"--num_train_epochs", "9.3e18"}),
+              HasSubstr("--num_train_epochs 9.3e+18 is more epochs than a 64-bit count holds"));
+  // Intervals become step counts whatever their strategy.
+  EXPECT_THAT(parse_error({"--logging_steps", "1e300"}),
+              HasSubstr("--logging_steps 1e+300 is not a number of steps"));
+  EXPECT_THAT(parse_error({"--save_strategy", "no", "--save_steps", "1e19"}),
+              HasSubstr("--save_steps 1e+19 is not a number of steps"));
+  EXPECT_THAT(parse_error({"--eval_steps", "1e300"}),
+              HasSubstr("--eval_steps 1e+300 is not a number of steps"));
+  EXPECT_THAT(parse_error({"--logging_strategy", "no", "--logging_steps", "-1e300"}),
+              HasSubstr("--logging_steps -1e+300 is not a number of steps"));
+  // The loss scale is a float32 tensor: a larger value would be inf on the first step.
+  EXPECT_THAT(parse_error({"--loss_scale", "1e39"}),
+              HasSubstr("--loss_scale 1e+39 does not fit in the float32 that holds the loss scale"));
+  EXPECT_THAT(parse_error({"--min_loss_scale", "1e39"}),
+              HasSubstr("--min_loss_scale 1e+39 does not fit in the float32"));
+  EXPECT_THAT(parse_error({"--max_loss_scale", "1e300"}),
+              HasSubstr("--max_loss_scale 1e+300 does not fit in the float32"));
+  // The same checks guard arguments built in C++ and read from JSON.
+  EXPECT_THAT(validate_error(TrainingArguments().max_steps(std::numeric_limits<int64_t>::max())),
+              HasSubstr("--max_steps " + max));
+  EXPECT_THAT(value_error([] { TrainingArguments::from_json(R"({"num_train_epochs": 1e300})"); }),
+              HasSubstr("--num_train_epochs 1e+300 is more epochs"));
+}
+
+TEST(TrainingArgumentsTest, SizesAtTheInt64LimitAreValid) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  const std::vector<TrainingArguments> valid = {
+      TrainingArguments().max_steps(max).per_device_train_batch_size(1),
+      TrainingArguments().max_steps(1).per_device_train_batch_size(max),
+      TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1),
+      TrainingArguments().num_train_epochs(1e18).per_device_train_batch_size(9),
+      TrainingArguments().num_train_epochs(1e300).max_steps(10),  // epochs unused with max_steps
+      TrainingArguments().logging_steps(9.2e18).save_steps(9.2e18).eval_steps(9.2e18),
+      TrainingArguments().loss_scale(3.4e38).min_loss_scale(1e38).max_loss_scale(3.4e38),
+      TrainingArguments().per_device_eval_batch_size(max).dataloader_num_workers(max),
+  };
+  for (std::size_t i = 0; i < valid.size(); ++i) {
+    EXPECT_EQ(validate_error(valid[i]), "<no exception>") << "case " << i;
+  }
+}
+
+TEST(TrainingArgumentsTest, StepHelpersNeverOverflow) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  // ceil(2^63 * 1.0) as a double is 2^63, one past int64: the warmup is the whole run.
+  EXPECT_EQ(TrainingArguments().warmup_ratio(1.0).get_warmup_steps(max), max);
+  EXPECT_EQ(TrainingArguments().warmup_ratio(0.5).get_warmup_steps(max), int64_t{1} << 62);
+  EXPECT_EQ(TrainingArguments::resolve_steps(0.5, max), int64_t{1} << 62);
+  EXPECT_THAT(value_error([] { TrainingArguments::resolve_steps(1e300, 10); }),
+              HasSubstr("1e+300 is not a number of steps"));
+  EXPECT_THAT(value_error([] { TrainingArguments::resolve_steps(-0.5, 10); }),
+              HasSubstr("-0.5 is not a number of steps"));
+}
+
 // ---- hardware decision (pure function, fake machines) ------------------------------------------
 
 DeviceInfo machine(bool cuda, int major, int minor, bool cpu_fp16) {

@@ -184,6 +184,11 @@ class TrainingArguments {
   /// HF has an error for it ("At most one of fp16 and bf16 can be True, but not both", "Your
   /// setup doesn't support bf16/gpu.", "--tf32 requires Ampere or a newer GPU arch, cuda>=11
   /// and torch>=1.7", "foo is not a valid SchedulerType, please select one of [...]").
+  /// Counts must fit in int64: examples per optimizer step
+  /// (`per_device_train_batch_size x gradient_accumulation_steps`), the examples of the whole
+  /// run (times `max_steps`, or at least `ceil(num_train_epochs)` steps), the epochs, and every
+  /// interval (`logging_steps`, `save_steps`, `eval_steps`, whatever their strategy: the
+  /// Trainer turns each into a step count); a loss scale must fit in float32.
   ///
   /// Python: what `TrainingArguments.__post_init__` checks. No device sync; when bf16, fp16
   /// or tf32 is requested it queries the CUDA device's compute capability once per process
@@ -276,11 +281,14 @@ class TrainingArguments {
 
   /// Turns an interval that may be a ratio into a step count: values < 1 are
   /// `ceil(ratio * max_steps)` steps, others are whole steps. Python: how `Trainer` computes
-  /// `state.logging_steps` / `eval_steps` / `save_steps` from `max_steps`.
+  /// `state.logging_steps` / `eval_steps` / `save_steps` from `max_steps`. Throws
+  /// `c10::ValueError` when `steps` is negative or not below 2^63 (not a step count), or
+  /// `max_steps` is negative.
   static int64_t resolve_steps(double steps, int64_t max_steps);
 
   /// Warmup length for a run of `num_training_steps`: `warmup_steps` when > 0, else
-  /// `ceil(num_training_steps * warmup_ratio)`. Python: `TrainingArguments.get_warmup_steps`.
+  /// `ceil(num_training_steps * warmup_ratio)` (`num_training_steps` where that passes int64).
+  /// Python: `TrainingArguments.get_warmup_steps`.
   int64_t get_warmup_steps(int64_t num_training_steps) const;
 
   /// Field-by-field equality (doubles compared exactly).
