@@ -34,6 +34,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
   src/trainer/progress.cpp
+  src/trainer/schedule.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
   src/trainer/trainer.cpp

@@ -26,7 +26,10 @@ class BatchPrefetcher {
   /// Batch `b`, with the next ones queued. An exception from `get_batch` surfaces here.
   Batch get(std::int64_t b) {
     if (workers_ == 0) return source_.get_batch(indices_of_(b));
-    for (std::int64_t k = b; k < std::min(end_, b + 1 + workers_); ++k) {
+    // Batch b and up to `workers_` after it, but not past the epoch (`end_ - b` cannot overflow;
+    // `b + 1 + workers_` can).
+    const std::int64_t last = workers_ < end_ - b ? b + workers_ : end_ - 1;
+    for (std::int64_t k = b; k <= last; ++k) {
       if (pending_.count(k) == 0) {
         pending_.emplace(k, std::async(std::launch::async, [this, k] { return source_.get_batch(indices_of_(k)); }));
       }

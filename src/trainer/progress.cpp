@@ -57,7 +57,8 @@ void Progress::draw(std::int64_t step) {
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(fraction * kWidth);
   auto clock = [](double seconds) {
-    const auto s = static_cast<long long>(seconds);
+    // An estimate for a run near 2^63 steps can exceed what a long long holds.
+    const auto s = seconds < 0x1p62 ? static_cast<long long>(seconds) : (1LL << 62);
     return fmt::format("{:02}:{:02}", s / 60, s % 60);
   };
   std::fprintf(stdout, "\r%3d%%|%s%s| %lld/%lld [%s<%s, %.2fit/s]", static_cast<int>(fraction * 100),

@@ -32,6 +32,7 @@
 #include "trainer/prefetch.h"
 #include "trainer/precision_plan.h"
 #include "trainer/progress.h"
+#include "trainer/schedule.h"
 #include "trainer/step_graph.h"
 
 namespace mantissa {
@@ -68,8 +69,6 @@ Batch to_device(Batch batch, const c10::Device& device, bool pin_memory) {
   return {move(batch.data), move(batch.target)};
 }
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
 class Trainer::Impl {
@@ -92,24 +91,11 @@ class Trainer::Impl {
 
   /// Sizes that depend on the dataset: batches per epoch, update steps, epochs.
   void compute_schedule() {
-    const auto n = static_cast<std::int64_t>(train_.size);
-    const auto batch_size = args_.per_device_train_batch_size();
-    TORCH_CHECK_VALUE(n > 0, "the training dataset is empty: there is nothing to train on");
-    TORCH_CHECK_VALUE(!(args_.dataloader_drop_last() && batch_size > n), "per_device_train_batch_size (",
-                      batch_size, ") is larger than the training dataset (", n,
-                      " examples) and dataloader_drop_last is set: no batch would be produced");
-    batches_per_epoch_ = args_.dataloader_drop_last() ? n / batch_size : ceil_div(n, batch_size);
-    const auto accumulation = args_.gradient_accumulation_steps();
-    updates_per_epoch_ = std::max<std::int64_t>(ceil_div(batches_per_epoch_, accumulation), 1);
-    if (args_.max_steps() > 0) {
-      max_steps_ = args_.max_steps();
-      num_epochs_ = ceil_div(max_steps_, updates_per_epoch_);
-    } else {
-      max_steps_ = static_cast<std::int64_t>(std::ceil(args_.num_train_epochs() * static_cast<double>(updates_per_epoch_)));
-      num_epochs_ = static_cast<std::int64_t>(std::ceil(args_.num_train_epochs()));
-    }
-    TORCH_CHECK_VALUE(max_steps_ > 0, "this run would take no optimizer step (num_train_epochs=",
-                      args_.num_train_epochs(), ", max_steps=", args_.max_steps(), ")");
+    const auto schedule = detail::make_run_schedule(args_, train_.size);
+    batches_per_epoch_ = schedule.batches_per_epoch;
+    updates_per_epoch_ = schedule.updates_per_epoch;
+    max_steps_ = schedule.max_steps;
+    num_epochs_ = schedule.num_epochs;
   }
 
   /// Creates the masters, optimizer, scheduler and scaler once.
@@ -647,7 +633,8 @@ class Trainer::Impl {
       for (auto& cb : callbacks_) cb->on_epoch_begin(args_, state_, control_);
       auto indices_of = [order_ptr, n, batch_size](std::int64_t b) {
         std::vector<std::size_t> indices;
-        for (auto i = b * batch_size; i < std::min(n, (b + 1) * batch_size); ++i) {
+        const auto begin = b * batch_size;  // < n: b < batches_per_epoch_
+        for (auto i = begin; i < begin + std::min(batch_size, n - begin); ++i) {
           indices.push_back(static_cast<std::size_t>(order_ptr[i]));
         }
         return indices;
