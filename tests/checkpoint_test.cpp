@@ -12,8 +12,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/io/filesystem.h>
 #include <mantissa/trainer.h>
@@ -42,7 +42,9 @@ std::string read_text(const std::string& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-void write_text(const std::string& path, const std::string& text) { mantissa::io::write_file_atomically(path, text); }
+void write_text(const std::string& path, const std::string& text) {
+  mantissa::io::write_file_atomically(path, text);
+}
 
 // A run of 4 optimizer steps (13 batches of 8 make an epoch) that saves checkpoint-4.
 struct SavedRun {
@@ -63,7 +65,8 @@ SavedRun saved_run(bool fp16 = false) {
 
 // Resumes `run` from its checkpoint with `args` (the saved ones, to 8 steps, by default).
 void resume(const SavedRun& run, std::optional<TrainingArguments> args = std::nullopt) {
-  Trainer(make_toy_model(), args.value_or(TrainingArguments(run.args).max_steps(8)), ToyDataset(100))
+  Trainer(make_toy_model(), args.value_or(TrainingArguments(run.args).max_steps(8)),
+          ToyDataset(100))
       .train(run.checkpoint);
 }
 
@@ -94,23 +97,27 @@ TEST(CheckpointTest, PositionOutsideTheRunIsAnErrorNamingTheFile) {
     SCOPED_TRACE(bad);
     write_text(state_file, original);
     edit_state(run, "mantissa.steps_in_epoch", bad);
-    EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::ValueError>(AllOf(
-                                          HasSubstr("cannot load checkpoint file '" + state_file + "'"),
-                                          HasSubstr("steps_in_epoch"), HasSubstr(std::to_string(bad)))));
+    EXPECT_THAT([&] { resume(run); },
+                ThrowsMessage<c10::ValueError>(
+                    AllOf(HasSubstr("cannot load checkpoint file '" + state_file + "'"),
+                          HasSubstr("steps_in_epoch"), HasSubstr(std::to_string(bad)))));
   }
   for (const std::int64_t bad : {std::int64_t{-5}, std::int64_t{9}}) {
     SCOPED_TRACE(bad);
     write_text(state_file, original);
     edit_state(run, "global_step", bad);
-    EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::ValueError>(AllOf(
-                                          HasSubstr(state_file), HasSubstr("'global_step' is " + std::to_string(bad)))));
+    EXPECT_THAT([&] { resume(run); },
+                ThrowsMessage<c10::ValueError>(AllOf(
+                    HasSubstr(state_file), HasSubstr("'global_step' is " + std::to_string(bad)))));
   }
   write_text(state_file, original);
   edit_state(run, "global_step", 1e30);
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::ValueError>(HasSubstr("must be an integer")));
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("must be an integer")));
   // Nothing was overwritten by the refused runs.
   write_text(state_file, original);
-  EXPECT_EQ(mantissa::detail::sorted_checkpoints(run.dir), std::vector<std::string>{run.checkpoint});
+  EXPECT_EQ(mantissa::detail::sorted_checkpoints(run.dir),
+            std::vector<std::string>{run.checkpoint});
 }
 
 TEST(CheckpointTest, ResumingAtMaxStepsTrainsNoStep) {
@@ -144,12 +151,14 @@ TEST(CheckpointTest, ScalerStateThatCannotScaleIsAnError) {
     SCOPED_TRACE(bad);
     write_text(scaler_file, original);
     edit_pickle(scaler_file, "scale", bad);
-    EXPECT_THAT([&] { resume(run, TrainingArguments(run.args).max_steps(8)); },
-                ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(scaler_file), HasSubstr("'scale' is"))));
+    EXPECT_THAT(
+        [&] { resume(run, TrainingArguments(run.args).max_steps(8)); },
+        ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(scaler_file), HasSubstr("'scale' is"))));
   }
   write_text(scaler_file, original);
   edit_pickle(scaler_file, "_growth_tracker", std::int64_t{-3});
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::ValueError>(HasSubstr("'_growth_tracker' is -3")));
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("'_growth_tracker' is -3")));
 }
 
 TEST(CheckpointTest, SchedulerStateOutOfRangeIsAnError) {
@@ -161,11 +170,13 @@ TEST(CheckpointTest, SchedulerStateOutOfRangeIsAnError) {
   nan_rates.push_back(1e-2);
   edit_pickle(scheduler_file, "base_lrs", nan_rates);
   EXPECT_THAT([&] { resume(run); },
-              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(scheduler_file), HasSubstr("'base_lrs'[0] is nan"))));
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr(scheduler_file), HasSubstr("'base_lrs'[0] is nan"))));
   write_text(scheduler_file, original);
   edit_pickle(scheduler_file, "last_epoch", std::int64_t{-50});
   EXPECT_THAT([&] { resume(run); },
-              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(scheduler_file), HasSubstr("'last_epoch' is -50"))));
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr(scheduler_file), HasSubstr("'last_epoch' is -50"))));
 }
 
 TEST(CheckpointTest, OptimizerStateOfAnotherShapeIsAnError) {
@@ -186,9 +197,10 @@ TEST(CheckpointTest, OptimizerStateOfAnotherShapeIsAnError) {
   std::ostringstream bytes;
   archive.save_to(bytes);
   write_text(run.file("optimizer.pt"), bytes.str());
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::ValueError>(AllOf(
-                                        HasSubstr(run.file("optimizer.pt")), HasSubstr("has shape [8, 16]"),
-                                        HasSubstr("the parameter has shape [16, 8]"))));
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(run.file("optimizer.pt")),
+                                                   HasSubstr("has shape [8, 16]"),
+                                                   HasSubstr("the parameter has shape [16, 8]"))));
 }
 
 TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
@@ -198,35 +210,43 @@ TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
   const auto state_copy = read_text(state_file);
   ASSERT_EQ(::unlink(state_file.c_str()), 0);
   ASSERT_EQ(::symlink("/dev/zero", state_file.c_str()), 0);
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::Error>(AllOf(HasSubstr(state_file),
-                                                                     HasSubstr("a character device"))));
+  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::Error>(AllOf(
+                                        HasSubstr(state_file), HasSubstr("a character device"))));
   ASSERT_EQ(::unlink(state_file.c_str()), 0);
   ASSERT_EQ(::mkfifo(state_file.c_str(), 0600), 0);
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::Error>(AllOf(HasSubstr(state_file), HasSubstr("a FIFO"))));
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr(state_file), HasSubstr("a FIFO"))));
   ASSERT_EQ(::unlink(state_file.c_str()), 0);
   write_text(state_file, state_copy);
   ASSERT_EQ(::unlink(model_file.c_str()), 0);
   ASSERT_EQ(::mkfifo(model_file.c_str(), 0600), 0);
-  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::Error>(AllOf(HasSubstr(model_file), HasSubstr("a FIFO"))));
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr(model_file), HasSubstr("a FIFO"))));
 }
 
 TEST(CheckpointTest, CheckpointPathThatIsAFileSaysSo) {
   const auto run = saved_run();
-  EXPECT_THAT([&] { Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.file("scheduler.pt")); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("is not a folder")));
-  EXPECT_THAT([&] { Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.dir + "/checkpoint-99"); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("does not exist")));
+  EXPECT_THAT(
+      [&] { Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.file("scheduler.pt")); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("is not a folder")));
+  EXPECT_THAT(
+      [&] {
+        Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.dir + "/checkpoint-99");
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("does not exist")));
 }
 
 TEST(CheckpointTest, ArgumentsThatMoveTheDataPositionAreErrors) {
   const auto run = saved_run();
   const auto batch = TrainingArguments(run.args).max_steps(8).per_device_train_batch_size(4);
   EXPECT_THAT([&] { resume(run, batch); },
-              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
-                                                   HasSubstr("cannot resume from '" + run.checkpoint + "'"))));
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
+                        HasSubstr("cannot resume from '" + run.checkpoint + "'"))));
   const auto accumulation = TrainingArguments(run.args).max_steps(8).gradient_accumulation_steps(2);
-  EXPECT_THAT([&] { resume(run, accumulation); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("gradient_accumulation_steps is 2 now but was 1")));
+  EXPECT_THAT(
+      [&] { resume(run, accumulation); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("gradient_accumulation_steps is 2 now but was 1")));
   // A checkpoint of HF's layout has no training_args.json: trainer_state.json's batch size decides.
   ASSERT_EQ(::unlink(run.file("training_args.json").c_str()), 0);
   EXPECT_THAT([&] { resume(run, batch); },
@@ -237,7 +257,8 @@ TEST(CheckpointTest, ArgumentsThatMoveTheDataPositionAreErrors) {
 TEST(CheckpointTest, HarmlessChangedArgumentsWarnAndThisRunsValuesApply) {
   const auto run = saved_run();
   WarningCapture warnings;
-  Trainer trainer(make_toy_model(), TrainingArguments(run.args).max_steps(8).save_steps(3).logging_steps(2),
+  Trainer trainer(make_toy_model(),
+                  TrainingArguments(run.args).max_steps(8).save_steps(3).logging_steps(2),
                   ToyDataset(100));
   trainer.train(run.checkpoint);
   EXPECT_EQ(trainer.state().save_steps, 3);
@@ -255,7 +276,8 @@ TEST(CheckpointTest, FailedLogWriteWarnsOnceAndTrainingGoesOn) {
   const auto log_file = dir + "/trainer_log.jsonl";
   ASSERT_EQ(::symlink("/dev/full", log_file.c_str()), 0);
   WarningCapture warnings;
-  Trainer trainer(make_toy_model(), toy_args(dir).max_steps(12).logging_steps(2).overwrite_output_dir(true),
+  Trainer trainer(make_toy_model(),
+                  toy_args(dir).max_steps(12).logging_steps(2).overwrite_output_dir(true),
                   ToyDataset(100));
   trainer.train();
   EXPECT_EQ(trainer.state().global_step, 12);
@@ -287,16 +309,21 @@ TEST(CheckpointTest, InterruptedSavesAreCleanedUpByTheNextSave) {
 
 TEST(CheckpointTest, RotationRenamesBeforeDeleting) {
   const auto dir = mantissa_test::toy_output_dir();
-  Trainer(make_toy_model(), toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1),
+  Trainer(make_toy_model(),
+          toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1),
           ToyDataset(100))
       .train();
-  EXPECT_EQ(mantissa::io::list_directory(dir), (std::vector<std::string>{"checkpoint-6", "trainer_log.jsonl"}));
+  EXPECT_EQ(mantissa::io::list_directory(dir),
+            (std::vector<std::string>{"checkpoint-6", "trainer_log.jsonl"}));
 }
 
 TEST(CheckpointTest, PrecisionPlanNamesAStaticLossScale) {
-  Trainer fixed(make_toy_model(), toy_args(mantissa_test::toy_output_dir()).fp16(true).loss_scale(128), ToyDataset(8));
+  Trainer fixed(make_toy_model(),
+                toy_args(mantissa_test::toy_output_dir()).fp16(true).loss_scale(128),
+                ToyDataset(8));
   EXPECT_THAT(fixed.precision_plan().describe(), HasSubstr("static loss scale 128"));
-  Trainer dynamic(make_toy_model(), toy_args(mantissa_test::toy_output_dir()).fp16(true), ToyDataset(8));
+  Trainer dynamic(make_toy_model(), toy_args(mantissa_test::toy_output_dir()).fp16(true),
+                  ToyDataset(8));
   EXPECT_THAT(dynamic.precision_plan().describe(), HasSubstr("dynamic loss scaling"));
 }
 

@@ -12,13 +12,14 @@ using mantissa::TrainingArguments;
 using mantissa::detail::compare_resumed_arguments;
 using mantissa::detail::resume_position;
 using mantissa::detail::RunShape;
-using ::testing::UnorderedElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
+using ::testing::UnorderedElementsAre;
 
 // 13 batches an epoch, accumulation 2: 7 update steps (the last one of a single batch).
-const RunShape kShape{/*batches_per_epoch=*/13, /*updates_per_epoch=*/7, /*gradient_accumulation_steps=*/2,
+const RunShape kShape{/*batches_per_epoch=*/13, /*updates_per_epoch=*/7,
+                      /*gradient_accumulation_steps=*/2,
                       /*per_device_train_batch_size=*/8};
 
 TrainerState state_at(std::int64_t global_step, double epoch, std::int64_t steps_in_epoch) {
@@ -65,18 +66,30 @@ TEST(ResumeCheckTest, ChangedArgumentsAreSortedByWhatTheyBreak) {
   const auto saved = TrainingArguments().learning_rate(1e-3).save_steps(10);
   EXPECT_THAT(compare_resumed_arguments(saved, saved).warnings, IsEmpty());
 
-  const auto now = TrainingArguments(saved).learning_rate(2e-3).save_steps(20).output_dir("elsewhere")
-                       .per_device_train_batch_size(4).optim("sgd").seed(3);
+  const auto now = TrainingArguments(saved)
+                       .learning_rate(2e-3)
+                       .save_steps(20)
+                       .output_dir("elsewhere")
+                       .per_device_train_batch_size(4)
+                       .optim("sgd")
+                       .seed(3);
   const auto changes = compare_resumed_arguments(now, saved);
-  EXPECT_THAT(changes.errors, UnorderedElementsAre(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
-                                          HasSubstr("optim is \"sgd\" now")));
+  EXPECT_THAT(changes.errors,
+              UnorderedElementsAre(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
+                                   HasSubstr("optim is \"sgd\" now")));
   ASSERT_EQ(changes.warnings.size(), 3u);
-  EXPECT_THAT(changes.warnings[0], HasSubstr("learning_rate is 0.002 now but was 0.001 when the checkpoint was saved; the checkpoint's"));
-  EXPECT_THAT(changes.warnings[1], HasSubstr("save_steps is 20.0 now but was 10.0 when the checkpoint was saved; this run's value is used"));
-  EXPECT_THAT(changes.warnings[2], HasSubstr("this run's value is used, so the interrupted epoch continues in another order"));
+  EXPECT_THAT(changes.warnings[0], HasSubstr("learning_rate is 0.002 now but was 0.001 when the "
+                                             "checkpoint was saved; the checkpoint's"));
+  EXPECT_THAT(changes.warnings[1], HasSubstr("save_steps is 20.0 now but was 10.0 when the "
+                                             "checkpoint was saved; this run's value is used"));
+  EXPECT_THAT(
+      changes.warnings[2],
+      HasSubstr("this run's value is used, so the interrupted epoch continues in another order"));
   // adamw_torch and the fused AdamW read each other's optimizer.pt.
-  EXPECT_THAT(compare_resumed_arguments(TrainingArguments().optim("adamw_torch"), TrainingArguments()).errors,
-              IsEmpty());
+  EXPECT_THAT(
+      compare_resumed_arguments(TrainingArguments().optim("adamw_torch"), TrainingArguments())
+          .errors,
+      IsEmpty());
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ class ToyDataset : public torch::data::datasets::BatchDataset<ToyDataset, mantis
     y_ = x_.matmul(w).argmax(1);
   }
   mantissa::Batch get_batch(c10::ArrayRef<size_t> indices) override {
-    auto index = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong);
+    auto index =
+        torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong);
     return {x_.index_select(0, index), y_.index_select(0, index)};
   }
   torch::optional<size_t> size() const override { return static_cast<size_t>(x_.size(0)); }

@@ -56,9 +56,10 @@ void MetricsLog::append(const LogEntry& entry) {
   }
   if (failure.empty() || failure_reported_) return;
   failure_reported_ = true;
-  TORCH_WARN("cannot write the training log '", path, "': ", failure,
-             ". Training goes on; later log lines may be missing from this file, but every entry stays in "
-             "trainer_state.json's log_history, saved with each checkpoint. (Reported once.)");
+  TORCH_WARN(
+      "cannot write the training log '", path, "': ", failure,
+      ". Training goes on; later log lines may be missing from this file, but every entry stays in "
+      "trainer_state.json's log_history, saved with each checkpoint. (Reported once.)");
 }
 
 }  // namespace mantissa::detail

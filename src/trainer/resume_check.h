@@ -46,6 +46,7 @@ struct ArgumentChanges {
 /// Compares every field of `now` with `saved` (the checkpoint's `training_args.json`).
 /// Fields that only say where and how to run (output_dir, dataloader workers, progress bar,
 /// CUDA graphs) are not reported.
-ArgumentChanges compare_resumed_arguments(const TrainingArguments& now, const TrainingArguments& saved);
+ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
+                                          const TrainingArguments& saved);
 
 }  // namespace mantissa::detail
