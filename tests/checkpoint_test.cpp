@@ -307,14 +307,24 @@ TEST(CheckpointTest, InterruptedSavesAreCleanedUpByTheNextSave) {
   resume(run);  // the restored checkpoint is whole
 }
 
-TEST(CheckpointTest, RotationRenamesBeforeDeleting) {
+TEST(CheckpointTest, RotationKilledHalfWayLeavesNoHalfDeletedCheckpoint) {
   const auto dir = mantissa_test::toy_output_dir();
-  Trainer(make_toy_model(),
-          toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1),
-          ToyDataset(100))
-      .train();
+  auto args = toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1);
+  mantissa::detail::checkpoint_remove_hook = [](const std::string& path) {
+    throw std::runtime_error("killed while deleting " + path + " (simulated)");
+  };
+  EXPECT_THROW(Trainer(make_toy_model(), args, ToyDataset(100)).train(), std::runtime_error);
+  mantissa::detail::checkpoint_remove_hook = nullptr;
+  // checkpoint-2 was renamed out of the checkpoint names before its deletion began.
+  EXPECT_EQ(mantissa::detail::sorted_checkpoints(dir),
+            std::vector<std::string>{dir + "/checkpoint-4"});
+  const auto names = mantissa::io::list_directory(dir);
+  ASSERT_EQ(names.size(), 2u);  // no log line yet: logging_steps is 5
+  EXPECT_EQ(names[1].rfind("deleting-checkpoint-2-", 0), 0u) << names[1];
+
+  Trainer(make_toy_model(), args.max_steps(8), ToyDataset(100)).train("latest");
   EXPECT_EQ(mantissa::io::list_directory(dir),
-            (std::vector<std::string>{"checkpoint-6", "trainer_log.jsonl"}));
+            (std::vector<std::string>{"checkpoint-8", "trainer_log.jsonl"}));
 }
 
 TEST(CheckpointTest, PrecisionPlanNamesAStaticLossScale) {

@@ -22,6 +22,7 @@
 namespace mantissa::detail {
 
 std::function<void(const std::string& path)> checkpoint_write_hook;
+std::function<void(const std::string& path)> checkpoint_remove_hook;
 
 namespace {
 
@@ -321,7 +322,9 @@ void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
   for (std::int64_t i = 0; i < excess; ++i) {
     const auto& path = all[static_cast<std::size_t>(i)];
     const auto name = path.substr(path.rfind('/') + 1);
-    io::remove_all(move_aside(output_dir, path, aside_prefix(kDeletingPrefix, name)));
+    const auto aside = move_aside(output_dir, path, aside_prefix(kDeletingPrefix, name));
+    if (checkpoint_remove_hook) checkpoint_remove_hook(aside);
+    io::remove_all(aside);
   }
 }
 

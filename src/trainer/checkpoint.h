@@ -79,4 +79,8 @@ void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
 /// to simulate a failing disk. Empty in normal runs.
 extern std::function<void(const std::string& path)> checkpoint_write_hook;
 
+/// Called with the renamed folder of a rotated-out checkpoint before it is deleted; tests
+/// throw from it to simulate a process killed half-way through a rotation. Empty in normal runs.
+extern std::function<void(const std::string& path)> checkpoint_remove_hook;
+
 }  // namespace mantissa::detail
