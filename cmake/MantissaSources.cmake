@@ -37,6 +37,8 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/schedule.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
+  src/trainer/metrics_log.cpp
+  src/trainer/resume_check.cpp
   src/trainer/trainer.cpp
 )
 # CPU kernels compiled once per instruction set with their own flags, and without the PCH

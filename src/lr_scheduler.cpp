@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string_view>
 #include <utility>
 
@@ -181,14 +182,29 @@ void LrScheduler::load_state_dict(const c10::impl::GenericDict& state) {
   TORCH_CHECK_VALUE(base_lrs.size() == num_groups, "LrScheduler state dict: 'base_lrs' has ",
                     base_lrs.size(), " entries but the optimizer has ", num_groups,
                     " param groups");
+  // A learning rate is a finite number >= 0, and a constructed scheduler has stepped at least
+  // once (last_epoch 0): anything else would feed nan or a negative rate into the optimizer.
+  auto check_rates = [](const std::vector<double>& rates, const char* key) {
+    for (std::size_t i = 0; i < rates.size(); ++i) {
+      TORCH_CHECK_VALUE(std::isfinite(rates[i]) && rates[i] >= 0, "LrScheduler state dict: '", key,
+                        "'[", i, "] is ", rates[i], ", but a learning rate must be a finite number >= 0");
+    }
+  };
+  check_rates(base_lrs, "base_lrs");
+  TORCH_CHECK_VALUE(last_epoch >= 0 && last_epoch < std::numeric_limits<std::int64_t>::max(),
+                    "LrScheduler state dict: 'last_epoch' is ", last_epoch,
+                    ", but it counts the steps taken and must be >= 0");
   std::int64_t step_count = last_epoch + 1;
   if (state.contains("_step_count")) step_count = as_int("_step_count");
+  TORCH_CHECK_VALUE(step_count >= 0, "LrScheduler state dict: '_step_count' is ", step_count,
+                    ", but it must be >= 0");
   std::vector<double> last_lr;
   if (state.contains("_last_lr")) {
     last_lr = as_double_list(state.at("_last_lr"), "_last_lr");
     TORCH_CHECK_VALUE(last_lr.size() == num_groups, "LrScheduler state dict: '_last_lr' has ",
                       last_lr.size(), " entries but the optimizer has ", num_groups,
                       " param groups");
+    check_rates(last_lr, "_last_lr");
   } else {
     const double f = factor_at(last_epoch);
     for (const double base_lr : base_lrs) last_lr.push_back(base_lr * f);

@@ -69,6 +69,8 @@ struct PrecisionPlan {
   bool autocast = false;
   /// Dynamic (or static) loss scaling with `amp::GradScaler`: fp16 only.
   bool loss_scaling = false;
+  /// With `loss_scaling`: the fixed scale of `--loss_scale`, or unset for dynamic scaling.
+  std::optional<double> static_loss_scale;
   /// fp32 master copies of low-precision parameters (`amp::MasterWeights`).
   bool master_weights = false;
   /// Low-precision parameters updated in place, without masters.

@@ -417,6 +417,19 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   check_growth_factor(growth_factor);
   check_backoff_factor(backoff_factor);
   check_growth_interval(growth_interval);
+  // What update() can produce: a finite positive scale, 0 <= tracker < interval. Anything
+  // else would turn every gradient into inf/nan (scale 0, nan, inf) or flip its sign.
+  TORCH_CHECK_VALUE(std::isfinite(new_scale) && new_scale > 0, "GradScaler state dict: 'scale' is ",
+                    new_scale, ", but a loss scale must be a finite number > 0");
+  TORCH_CHECK_VALUE(std::isfinite(growth_factor), "GradScaler state dict: 'growth_factor' is ",
+                    growth_factor, ", but it must be finite");
+  TORCH_CHECK_VALUE(growth_tracker >= 0 && growth_tracker < growth_interval,
+                    "GradScaler state dict: '_growth_tracker' is ", growth_tracker,
+                    ", outside [0, growth_interval=", growth_interval, ")");
+  const std::int64_t hysteresis_tracker =
+      state.contains("_hysteresis_tracker") ? as_int("_hysteresis_tracker") : init_hysteresis_tracker_;
+  TORCH_CHECK_VALUE(hysteresis_tracker >= 1, "GradScaler state dict: '_hysteresis_tracker' is ",
+                    hysteresis_tracker, ", but it must be >= 1");
 
   options_.init_scale(new_scale);
   if (scale_.defined()) scale_.fill_(new_scale);
@@ -426,7 +439,7 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   init_growth_tracker_ = growth_tracker;
   if (growth_tracker_.defined()) growth_tracker_.fill_(growth_tracker);
   if (state.contains("_hysteresis_tracker")) {
-    init_hysteresis_tracker_ = as_int("_hysteresis_tracker");
+    init_hysteresis_tracker_ = hysteresis_tracker;
     if (hysteresis_tracker_.defined()) hysteresis_tracker_.fill_(init_hysteresis_tracker_);
   }
 }

@@ -7,8 +7,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include <c10/util/Exception.h>
 
@@ -70,11 +68,69 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   write_file_atomically_streamed(path, [&](const ChunkWriter& write) { write(bytes); });
 }
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "cannot open '", path, "': ", errno_text());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!in.bad(), "cannot read '", path, "': ", errno_text());
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// An open descriptor of a regular file; O_NONBLOCK so that opening a FIFO cannot wait for a
+// writer (it is refused right after by fstat).
+class RegularFile {
+ public:
+  explicit RegularFile(const std::string& path) {
+    do {
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    } while (fd_ < 0 && errno == EINTR);
+    TORCH_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) {
+      const std::string reason = errno_text();
+      ::close(fd_);
+      TORCH_CHECK(false, "cannot read '", path, "': ", reason);
+    }
+    if (!S_ISREG(info.st_mode)) {
+      ::close(fd_);
+      TORCH_CHECK(false, "cannot read '", path, "': it is ", file_kind(info.st_mode),
+                  ", not a regular file");
+    }
+    size_ = static_cast<std::uint64_t>(info.st_size);
+  }
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  ~RegularFile() { ::close(fd_); }
+
+  int fd() const { return fd_; }
+  std::uint64_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace
+
+void check_regular_file(const std::string& path) { RegularFile file(path); }
+
+std::vector<char> read_file(const std::string& path, std::uint64_t max_bytes) {
+  RegularFile file(path);
+  TORCH_CHECK(file.size() <= max_bytes, "cannot read '", path, "': it has ", file.size(),
+              " bytes, more than the ", max_bytes, " this reader accepts");
+  std::vector<char> bytes(static_cast<std::size_t>(file.size()));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(file.fd(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    TORCH_CHECK(n >= 0, "cannot read '", path, "': ", errno_text());
+    if (n == 0) break;  // the file shrank while we read it: return what is there
+    done += static_cast<std::size_t>(n);
+  }
+  bytes.resize(done);
   return bytes;
 }
 

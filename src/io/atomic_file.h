@@ -1,6 +1,9 @@
 #pragma once
-// Writing files so that a crash or a full disk never leaves a half-written file behind.
+// Whole files in and out: writes that a crash or a full disk never leave half done, and reads
+// that accept only regular files of a bounded size (a FIFO, a device or a symbolic link to
+// /dev/zero in a checkpoint folder is an error, not a hang or an endless read).
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -23,7 +26,18 @@ using ChunkWriter = std::function<void(std::string_view chunk)>;
 void write_file_atomically_streamed(const std::string& path,
                                     const std::function<void(const ChunkWriter& write)>& produce);
 
-/// Reads a whole file. A missing or unreadable file raises a c10::Error naming the path.
-std::vector<char> read_file(const std::string& path);
+/// The largest file `read_file` reads by default: 1 GiB. The files read whole (JSON, small
+/// torch.save pickles) are far smaller; anything larger is taken for a wrong or hostile file.
+inline constexpr std::uint64_t kMaxReadFileBytes = std::uint64_t{1} << 30;
+
+/// Throws a c10::Error naming `path` unless it is a regular file (symbolic links followed):
+/// missing, a directory, a FIFO, a socket or a device. Never blocks. Call it before handing a
+/// path to a reader that opens it itself (LibTorch's archives).
+void check_regular_file(const std::string& path);
+
+/// Reads a whole regular file of at most `max_bytes` bytes. Missing, unreadable, non-regular
+/// (checked without blocking on a FIFO) or larger files raise a c10::Error naming the path and
+/// the reason.
+std::vector<char> read_file(const std::string& path, std::uint64_t max_bytes = kMaxReadFileBytes);
 
 }  // namespace mantissa::io

@@ -113,7 +113,7 @@ class ReadOnlyFile {
  public:
   explicit ReadOnlyFile(const std::string& path) : path_(path) {
     do {
-      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block
     } while (fd_ < 0 && errno == EINTR);
     TORCH_CHECK(fd_ >= 0, "cannot open safetensors file '", path, "': ", errno_text());
     struct stat info {};

@@ -7,10 +7,14 @@
 
 #include <ATen/Context.h>
 #include <torch/cuda.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include <mantissa/io/filesystem.h>
 #include <mantissa/io/safetensors.h>
+#include <mantissa/optim/fused_adamw.h>
 
 #include "io/atomic_file.h"
 #include "io/torch_save.h"
@@ -18,6 +22,7 @@
 namespace mantissa::detail {
 
 std::function<void(const std::string& path)> checkpoint_write_hook;
+std::function<void(const std::string& path)> checkpoint_remove_hook;
 
 namespace {
 
@@ -39,14 +44,58 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   io::write_file_atomically(path, bytes.str());
 }
 
-// Runs `load`, re-raising any error with the file's name in front.
+// Runs `load`, re-raising any error with the file's name in front and without the inner
+// error's C++ backtrace (the outer error carries its own). A value error stays a value error.
 template <typename Fn>
 void loading(const std::string& path, Fn&& load) {
   TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
   try {
+    io::check_regular_file(path);
     load();
+  } catch (const c10::ValueError& e) {
+    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what());
+  }
+}
+
+// Each optimizer state tensor must have its parameter's shape and a floating dtype; a loaded
+// optimizer.pt from another model would otherwise fail at the first step, far from the file.
+void check_state_tensor(const at::Tensor& param, const at::Tensor& value, std::size_t index, const char* name) {
+  if (!value.defined()) return;
+  TORCH_CHECK_VALUE(value.sizes() == param.sizes(), "the state '", name, "' of parameter ", index, " has shape ",
+                    value.sizes(), " but the parameter has shape ", param.sizes());
+  TORCH_CHECK_VALUE(c10::isFloatingType(value.scalar_type()), "the state '", name, "' of parameter ", index,
+                    " is ", value.scalar_type(), ", not a floating-point tensor");
+}
+
+void check_optimizer_state(torch::optim::Optimizer& optimizer) {
+  std::size_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      const auto it = optimizer.state().find(param.unsafeGetTensorImpl());
+      if (it != optimizer.state().end()) {
+        auto* state = it->second.get();
+        if (auto* fused = dynamic_cast<optim::FusedAdamWParamState*>(state)) {
+          check_state_tensor(param, fused->exp_avg(), index, "exp_avg");
+          check_state_tensor(param, fused->exp_avg_sq(), index, "exp_avg_sq");
+          check_state_tensor(param, fused->max_exp_avg_sq(), index, "max_exp_avg_sq");
+        } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+          check_state_tensor(param, adamw->exp_avg(), index, "exp_avg");
+          check_state_tensor(param, adamw->exp_avg_sq(), index, "exp_avg_sq");
+          check_state_tensor(param, adamw->max_exp_avg_sq(), index, "max_exp_avg_sq");
+        } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state)) {
+          check_state_tensor(param, adam->exp_avg(), index, "exp_avg");
+          check_state_tensor(param, adam->exp_avg_sq(), index, "exp_avg_sq");
+          check_state_tensor(param, adam->max_exp_avg_sq(), index, "max_exp_avg_sq");
+        } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state)) {
+          check_state_tensor(param, sgd->momentum_buffer(), index, "momentum_buffer");
+        }
+      }
+      ++index;
+    }
   }
 }
 
@@ -82,21 +131,76 @@ void restore_rng_states(const c10::IValue& value) {
   }
 }
 
+// Prefixes of the folders a save or a rotation makes beside the checkpoints. Each lives only
+// while one save runs; any found at the start of a save was left by a process that died.
+constexpr const char* kWritingPrefix = "tmp-checkpoint-";    // a new checkpoint being written
+constexpr const char* kReplacedPrefix = "old-checkpoint-";   // a checkpoint being re-saved
+constexpr const char* kDeletingPrefix = "deleting-checkpoint-";  // one being rotated out
+
+bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
+// "tmp-checkpoint-" and "checkpoint-12" give "tmp-checkpoint-12-".
+std::string aside_prefix(const char* prefix, const std::string& checkpoint_folder) {
+  return prefix + checkpoint_folder.substr(std::char_traits<char>::length(kPrefix)) + "-";
+}
+
+// Renames `path` to a new unique name `<prefix><name>-XXXXXX` beside it (rename(2) replaces the
+// empty folder mkdtemp made) and returns the new path. Atomic: `path` is whole or gone.
+std::string move_aside(const std::string& output_dir, const std::string& path, const std::string& prefix) {
+  const std::string aside = io::make_temp_directory(output_dir, prefix);
+  io::rename_path(path, aside);
+  return aside;
+}
+
+// The step in "<prefix>checkpoint-<step>-XXXXXX", the name of a folder `move_aside` made.
+std::optional<std::int64_t> step_of_aside(const std::string& name, const char* prefix) {
+  const auto rest = name.substr(std::char_traits<char>::length(prefix));
+  const auto dash = rest.rfind('-');
+  if (dash == std::string::npos || dash == 0) return std::nullopt;
+  const auto digits = rest.substr(0, dash);
+  if (!std::all_of(digits.begin(), digits.end(), ::isdigit) || digits.size() > 18) return std::nullopt;
+  return std::stoll(digits);
+}
+
 std::optional<std::int64_t> step_of(const std::string& name) {
   if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
   const auto digits = name.substr(std::char_traits<char>::length(kPrefix));
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+    return std::nullopt;
+  }
   return std::stoll(digits);
 }
 
 }  // namespace
 
+void clean_interrupted_saves(const std::string& output_dir) {
+  if (!io::is_directory(output_dir)) return;
+  for (const auto& name : io::list_directory(output_dir)) {
+    const auto path = io::join_path(output_dir, name);
+    if (starts_with(name, kWritingPrefix) || starts_with(name, kDeletingPrefix)) {
+      io::remove_all(path);
+    } else if (starts_with(name, kReplacedPrefix)) {
+      // Killed between moving the old copy aside and renaming the new one in: the old copy is
+      // the only complete one, so it goes back in place.
+      const auto step = step_of_aside(name, kReplacedPrefix);
+      const auto original = step ? io::join_path(output_dir, checkpoint_name(*step)) : std::string();
+      if (step && !io::path_exists(original)) {
+        io::rename_path(path, original);
+      } else {
+        io::remove_all(path);
+      }
+    }
+  }
+}
+
 std::string checkpoint_name(std::int64_t step) { return kPrefix + std::to_string(step); }
 
 std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
   io::create_directories(output_dir);
-  const std::string final_dir = io::join_path(output_dir, checkpoint_name(parts.state->global_step));
-  const std::string tmp = io::make_temp_directory(output_dir, "tmp-" + checkpoint_name(parts.state->global_step) + "-");
+  clean_interrupted_saves(output_dir);
+  const std::string name = checkpoint_name(parts.state->global_step);
+  const std::string final_dir = io::join_path(output_dir, name);
+  const std::string tmp = io::make_temp_directory(output_dir, aside_prefix(kWritingPrefix, name));
   try {
     const auto file = [&](const char* name) { return io::join_path(tmp, name); };
     before_write(file("model.safetensors"));
@@ -125,9 +229,7 @@ std::string save_checkpoint(const std::string& output_dir, const CheckpointParts
     write_text(file("training_args.json"), parts.args->to_json());
     // Replace an older folder of the same step (a re-save) only once the new one is complete.
     if (io::path_exists(final_dir)) {
-      const std::string old = io::make_temp_directory(output_dir, "old-" + checkpoint_name(parts.state->global_step) + "-");
-      io::remove_all(old);
-      io::rename_path(final_dir, old);
+      const std::string old = move_aside(output_dir, final_dir, aside_prefix(kReplacedPrefix, name));
       io::rename_path(tmp, final_dir);
       io::remove_all(old);
     } else {
@@ -144,11 +246,15 @@ std::string save_checkpoint(const std::string& output_dir, const CheckpointParts
 }
 
 void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
-  TORCH_CHECK_VALUE(io::is_directory(dir), "checkpoint folder '", dir, "' does not exist");
+  TORCH_CHECK_VALUE(io::path_exists(dir), "checkpoint folder '", dir, "' does not exist");
+  TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint '", dir,
+                    "' is not a folder; resume_from_checkpoint takes a checkpoint-<step> folder or 'latest'");
   const auto file = [&](const char* name) { return io::join_path(dir, name); };
   loading(file("trainer_state.json"), [&] {
     const auto bytes = io::read_file(file("trainer_state.json"));
-    *parts.state = TrainerState::from_json(std::string(bytes.begin(), bytes.end()));
+    auto state = TrainerState::from_json(std::string(bytes.begin(), bytes.end()));
+    if (parts.check_state) parts.check_state(state);
+    *parts.state = std::move(state);
   });
   loading(file("model.safetensors"), [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
   if (parts.masters != nullptr) {
@@ -162,12 +268,21 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
     torch::serialize::InputArchive archive;
     archive.load_from(file("optimizer.pt"));
     parts.optimizer->load(archive);
+    check_optimizer_state(*parts.optimizer);
   });
   loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });
   loading(file("scaler.pt"), [&] {
     if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
   });
   loading(file("rng_state.pth"), [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
+}
+
+std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {
+  const auto path = io::join_path(dir, "training_args.json");
+  if (!io::path_exists(path)) return std::nullopt;
+  std::optional<TrainingArguments> args;
+  loading(path, [&] { args = TrainingArguments::load_json(path, /*validate=*/false); });
+  return args;
 }
 
 std::vector<std::string> sorted_checkpoints(const std::string& output_dir) {
@@ -202,7 +317,15 @@ void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
     if (it != all.end()) std::rotate(it, it + 1, all.end());
   }
   const auto excess = static_cast<std::int64_t>(all.size()) - limit;
-  for (std::int64_t i = 0; i < excess; ++i) io::remove_all(all[static_cast<std::size_t>(i)]);
+  // Renamed out of the checkpoint-<step> namespace first: a process killed while deleting
+  // leaves a deleting-... folder (removed by the next save), never a half-deleted checkpoint.
+  for (std::int64_t i = 0; i < excess; ++i) {
+    const auto& path = all[static_cast<std::size_t>(i)];
+    const auto name = path.substr(path.rfind('/') + 1);
+    const auto aside = move_aside(output_dir, path, aside_prefix(kDeletingPrefix, name));
+    if (checkpoint_remove_hook) checkpoint_remove_hook(aside);
+    io::remove_all(aside);
+  }
 }
 
 }  // namespace mantissa::detail

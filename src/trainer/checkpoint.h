@@ -39,6 +39,9 @@ struct CheckpointParts {
   amp::GradScaler* scaler = nullptr;
   TrainerState* state = nullptr;
   const TrainingArguments* args = nullptr;
+  /// Loading only: called with the saved TrainerState before anything else is restored; it
+  /// throws when the state cannot continue in this run (the model is left untouched then).
+  std::function<void(const TrainerState&)> check_state;
 };
 
 /// `checkpoint-<step>` as a folder name.
@@ -47,9 +50,19 @@ std::string checkpoint_name(std::int64_t step);
 /// Writes `output_dir/checkpoint-<state.global_step>` atomically and returns its path.
 std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts);
 
+/// Removes what a save or rotation killed half-way left in `output_dir` (`tmp-checkpoint-*`,
+/// `deleting-checkpoint-*`), and puts back a checkpoint that was moved aside to be re-saved
+/// (`old-checkpoint-<step>-*`) when no `checkpoint-<step>` replaced it. Called by every save.
+void clean_interrupted_saves(const std::string& output_dir);
+
 /// Restores everything from a checkpoint folder. A missing or corrupt file raises a c10::Error
 /// naming the file.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
+
+/// The arguments a checkpoint was saved with (`training_args.json`, read without validating
+/// them against this machine), or nullopt when the folder has none (a checkpoint of HF's
+/// Trainer). A corrupt file raises a c10::Error naming it.
+std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& checkpoint_dir);
 
 /// The `checkpoint-<n>` folders in `output_dir`, oldest (smallest n) first.
 std::vector<std::string> sorted_checkpoints(const std::string& output_dir);
@@ -65,5 +78,9 @@ void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
 /// Called with each file's path before the checkpoint writer writes it; tests throw from it
 /// to simulate a failing disk. Empty in normal runs.
 extern std::function<void(const std::string& path)> checkpoint_write_hook;
+
+/// Called with the renamed folder of a rotated-out checkpoint before it is deleted; tests
+/// throw from it to simulate a process killed half-way through a rotation. Empty in normal runs.
+extern std::function<void(const std::string& path)> checkpoint_remove_hook;
 
 }  // namespace mantissa::detail

@@ -21,7 +21,9 @@ std::string PrecisionPlan::describe() const {
   std::string weights = master_weights       ? name(param_dtype) + " weights with fp32 master weights"
                         : pure_low_precision ? "pure " + name(param_dtype) + " weights (no master copy)"
                                              : name(param_dtype) + " weights";
-  std::string scaling = loss_scaling ? "dynamic loss scaling" : "no loss scaling";
+  std::string scaling = !loss_scaling       ? std::string("no loss scaling")
+                        : static_loss_scale ? fmt::format("static loss scale {:g}", *static_loss_scale)
+                                            : std::string("dynamic loss scaling");
   std::string tf32_text = tf32.has_value() ? (*tf32 ? ", tf32 on" : ", tf32 off") : "";
   return fmt::format("{}, {}, {}{}", compute, weights, scaling, tf32_text);
 }
@@ -46,6 +48,7 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
     plan.master_weights = masters != "off";
     plan.pure_low_precision = !plan.master_weights;
     plan.loss_scaling = param_dtype == c10::kHalf;
+    if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
     TORCH_CHECK_VALUE(!(plan.pure_low_precision && plan.loss_scaling),
                       "master_weights=off with an fp16 model: fp16 gradients cannot be unscaled in place "
                       "(\"Attempting to unscale FP16 gradients.\"). Use master_weights=auto, or a bf16 model.");
@@ -60,6 +63,7 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
   }
   plan.compute_dtype = args.compute_dtype();
   plan.loss_scaling = args.fp16();
+  if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
   if (masters == "on") {
     // fp32 model, --bf16/--fp16 and master_weights=on: train low-precision parameters with
     // fp32 masters (half the weight memory of AMP's fp32 model in the forward pass).

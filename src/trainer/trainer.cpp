@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <set>
 
@@ -29,9 +28,11 @@
 
 #include "io/atomic_file.h"
 #include "trainer/checkpoint.h"
+#include "trainer/metrics_log.h"
 #include "trainer/prefetch.h"
 #include "trainer/precision_plan.h"
 #include "trainer/progress.h"
+#include "trainer/resume_check.h"
 #include "trainer/schedule.h"
 #include "trainer/step_graph.h"
 
@@ -196,7 +197,7 @@ class Trainer::Impl {
   void check_output_dir(bool resuming) {
     const auto& dir = args_.output_dir();
     // What this Trainer wrote itself (an evaluate() before train()) does not count.
-    if (resuming || wrote_output_ || args_.overwrite_output_dir() || !io::is_directory(dir)) return;
+    if (resuming || metrics_log_.wrote() || args_.overwrite_output_dir() || !io::is_directory(dir)) return;
     TORCH_CHECK_VALUE(io::list_directory(dir).empty(), "Output directory (", dir,
                       ") already exists and is not empty. Use --overwrite_output_dir to overcome, or "
                       "--resume_from_checkpoint latest to continue its run.");
@@ -287,6 +288,38 @@ class Trainer::Impl {
     if (masters_) masters_->zero_grad();
   }
 
+  detail::RunShape run_shape() const {
+    return {batches_per_epoch_, updates_per_epoch_, args_.gradient_accumulation_steps(),
+            args_.per_device_train_batch_size()};
+  }
+
+  /// Restores the checkpoint in `dir` after checking that it can continue in this run: its
+  /// arguments (errors for those that move the data position, warnings for the rest) and its
+  /// saved position. This run's intervals and sizes replace the saved ones in the state.
+  void load_for_resume(const std::string& dir) {
+    if (const auto saved = detail::load_checkpoint_arguments(dir)) {
+      const auto changes = detail::compare_resumed_arguments(args_, *saved);
+      TORCH_CHECK_VALUE(changes.errors.empty(), "cannot resume from '", dir, "': ",
+                        c10::Join("; ", changes.errors),
+                        ". Resume with the saved values, or start a new run in another output_dir.");
+      if (!changes.warnings.empty()) {
+        TORCH_WARN("resuming from '", dir, "' with arguments that differ from its training_args.json: ",
+                   c10::Join("; ", changes.warnings));
+      }
+    }
+    const TrainerState fresh = state_;
+    detail::CheckpointParts parts{module_.get(), masters_.get(), optimizer_.get(), scheduler_.get(), &scaler_,
+                                  &state_,       &args_};
+    parts.check_state = [this](const TrainerState& saved) { detail::resume_position(saved, run_shape()); };
+    detail::load_checkpoint(dir, parts);
+    state_.max_steps = fresh.max_steps;
+    state_.logging_steps = fresh.logging_steps;
+    state_.eval_steps = fresh.eval_steps;
+    state_.save_steps = fresh.save_steps;
+    state_.train_batch_size = fresh.train_batch_size;
+    state_.num_train_epochs = fresh.num_train_epochs;
+  }
+
   // ---- CUDA graphs ---------------------------------------------------------------------------
 
   /// Why `cuda_graph` cannot be honoured in this run, or nullopt.
@@ -364,19 +397,8 @@ class Trainer::Impl {
     with_step["step"] = static_cast<double>(state_.global_step);
     state_.log_history.push_back(with_step);
     progress_->print(detail::format_log(logs));
-    append_jsonl(with_step);
+    metrics_log_.append(with_step);
     for (auto& cb : callbacks_) cb->on_log(args_, state_, control_, logs);
-  }
-
-  void append_jsonl(const LogEntry& entry) {
-    io::create_directories(args_.output_dir());
-    wrote_output_ = true;
-    nlohmann::json line = nlohmann::json::object();
-    for (const auto& [key, value] : entry) {
-      line[key] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(std::isnan(value) ? "NaN" : "Infinity");
-    }
-    std::ofstream out(io::join_path(args_.output_dir(), "trainer_log.jsonl"), std::ios::app);
-    out << line.dump() << "\n";
   }
 
   void log_training_progress() {
@@ -541,13 +563,7 @@ class Trainer::Impl {
     state_.save_steps = TrainingArguments::resolve_steps(args_.save_steps(), max_steps_);
     state_.train_batch_size = args_.per_device_train_batch_size();
     state_.num_train_epochs = num_epochs_;
-    if (resume) {
-      const auto dir = detail::resolve_checkpoint(*resume, args_.output_dir());
-      detail::CheckpointParts parts{module_.get(), masters_.get(), optimizer_.get(), scheduler_.get(), &scaler_,
-                                    &state_, &args_};
-      detail::load_checkpoint(dir, parts);
-      state_.max_steps = max_steps_;
-    }
+    if (resume) load_for_resume(detail::resolve_checkpoint(*resume, args_.output_dir()));
     const bool progress_bar = detail::Progress::wanted(args_.disable_tqdm());
     detail::Progress progress(max_steps_, progress_bar);
     progress_ = &progress;
@@ -612,14 +628,16 @@ class Trainer::Impl {
     const auto n = static_cast<std::int64_t>(train_.size);
     const auto data_seed = static_cast<std::uint64_t>(args_.data_seed().value_or(args_.seed()));
     // Where a resumed run picks up: inside an epoch, or at the start of the next one.
-    std::int64_t first_epoch = 0;
-    std::int64_t first_skip = 0;
-    if (state_.global_step > 0) {
-      const bool epoch_finished = state_.steps_in_epoch == 0 || state_.steps_in_epoch >= batches_per_epoch_;
-      first_epoch = epoch_finished ? std::llround(state_.epoch) : static_cast<std::int64_t>(std::floor(state_.epoch));
-      first_skip = epoch_finished ? 0 : state_.steps_in_epoch;
-    }
+    const auto position = detail::resume_position(state_, run_shape());
+    const std::int64_t first_epoch = position.epoch;
+    const std::int64_t first_skip = position.batches_done;
     std::int64_t samples_seen = 0;
+    if (state_.global_step >= max_steps_) {
+      // HF trains no step then; the loop below is skipped, the end-of-training events still run.
+      progress.print(fmt::format("mantissa: the checkpoint is at step {}, and max_steps is {}: nothing left to train",
+                                 state_.global_step, max_steps_));
+      control_.should_training_stop = true;
+    }
 
     for (std::int64_t epoch = first_epoch; epoch < num_epochs_ && !control_.should_training_stop; ++epoch) {
       // The data order of an epoch depends only on (data_seed, epoch), so a resumed run sees
@@ -759,7 +777,7 @@ class Trainer::Impl {
   std::int64_t tokens_since_log_ = 0;
   std::int64_t consecutive_skips_ = 0;
   bool improved_ = false;
-  bool wrote_output_ = false;
+  detail::MetricsLog metrics_log_{args_.output_dir()};
   Clock::time_point log_window_start_;
   detail::Progress quiet_{0, false};
   detail::Progress* progress_ = &quiet_;

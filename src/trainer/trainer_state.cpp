@@ -1,10 +1,16 @@
 // trainer_state.json and the early-stopping callback.
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <utility>
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include <mantissa/trainer_callback.h>
+
+#include "io/json_number.h"
 
 namespace mantissa {
 namespace {
@@ -17,8 +23,7 @@ json number(double value) {
   if (std::isfinite(value) && std::floor(value) == value && std::fabs(value) < 9007199254740992.0) {
     return static_cast<std::int64_t>(value);
   }
-  if (!std::isfinite(value)) return std::isnan(value) ? json("NaN") : json(value > 0 ? "Infinity" : "-Infinity");
-  return value;
+  return io::json_number(value);
 }
 
 double to_double(const json& value, const std::string& key) {
@@ -30,6 +35,53 @@ double to_double(const json& value, const std::string& key) {
     if (text == "-Infinity") return -INFINITY;
   }
   TORCH_CHECK(false, "trainer_state.json: log_history value of '", key, "' is not a number: ", value.dump());
+}
+
+// An integer field of `object`, or `fallback` when it is absent (an absent field without a
+// fallback is an error). A float, a string or a value beyond int64 is an error naming the key.
+std::int64_t integer(const json& object, const char* key, std::optional<std::int64_t> fallback,
+                     const char* prefix = "") {
+  TORCH_CHECK_VALUE(object.is_object(), "trainer_state.json: '", std::string(prefix).substr(0, std::strlen(prefix) - 1),
+                    "' must be a JSON object");
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    TORCH_CHECK_VALUE(fallback.has_value(), "trainer_state.json has no '", prefix, key, "'");
+    return *fallback;
+  }
+  const bool fits = it->is_number_integer() &&
+                    (!it->is_number_unsigned() ||
+                     it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+  TORCH_CHECK_VALUE(fits, "trainer_state.json: '", prefix, key, "' must be an integer that fits in 64 bits, not ",
+                    it->is_number() ? "the number " + std::to_string(it->get<double>()) : std::string(it->type_name()));
+  return it->get<std::int64_t>();
+}
+
+// Values no run can produce: each would send the resumed loop out of its bounds (a negative
+// position in the epoch reads before the shuffled order). How the values fit the run being
+// resumed (the dataset, the batch size) is checked by the Trainer.
+void check_ranges(const TrainerState& state) {
+  auto non_negative = [](const char* key, std::int64_t value) {
+    TORCH_CHECK_VALUE(value >= 0, "trainer_state.json: '", key, "' is ", value,
+                      ", but it counts something and cannot be negative");
+  };
+  non_negative("global_step", state.global_step);
+  non_negative("max_steps", state.max_steps);
+  non_negative("train_batch_size", state.train_batch_size);
+  non_negative("num_train_epochs", state.num_train_epochs);
+  non_negative("num_input_tokens_seen", state.num_input_tokens_seen);
+  non_negative("mantissa.steps_in_epoch", state.steps_in_epoch);
+  non_negative("mantissa.skipped_steps", state.skipped_steps);
+  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"logging_steps", state.logging_steps},
+                                   {"eval_steps", state.eval_steps},
+                                   {"save_steps", state.save_steps}}) {
+    TORCH_CHECK_VALUE(value >= 0, "trainer_state.json: '", key, "' is ", value, ", but an interval cannot be negative");
+  }
+  TORCH_CHECK_VALUE(std::isfinite(state.epoch) && state.epoch >= 0, "trainer_state.json: 'epoch' is ", state.epoch,
+                    ", but it must be a finite number >= 0");
+  TORCH_CHECK_VALUE(state.skipped_steps <= state.global_step, "trainer_state.json: 'mantissa.skipped_steps' is ",
+                    state.skipped_steps, ", more than the ", state.global_step, " steps taken ('global_step')");
+  TORCH_CHECK_VALUE(!state.best_metric || !std::isnan(*state.best_metric),
+                    "trainer_state.json: 'best_metric' is NaN, which cannot rank checkpoints");
 }
 
 }  // namespace
@@ -77,14 +129,14 @@ TrainerState TrainerState::from_json(const std::string& text) {
   TrainerState state;
   try {
     state.epoch = doc.at("epoch").get<double>();
-    state.global_step = doc.at("global_step").get<std::int64_t>();
-    state.max_steps = doc.value("max_steps", std::int64_t{0});
-    state.logging_steps = doc.value("logging_steps", std::int64_t{500});
-    state.eval_steps = doc.value("eval_steps", std::int64_t{500});
-    state.save_steps = doc.value("save_steps", std::int64_t{500});
-    state.train_batch_size = doc.value("train_batch_size", std::int64_t{0});
-    state.num_train_epochs = doc.value("num_train_epochs", std::int64_t{0});
-    state.num_input_tokens_seen = doc.value("num_input_tokens_seen", std::int64_t{0});
+    state.global_step = integer(doc, "global_step", std::nullopt);
+    state.max_steps = integer(doc, "max_steps", 0);
+    state.logging_steps = integer(doc, "logging_steps", 500);
+    state.eval_steps = integer(doc, "eval_steps", 500);
+    state.save_steps = integer(doc, "save_steps", 500);
+    state.train_batch_size = integer(doc, "train_batch_size", 0);
+    state.num_train_epochs = integer(doc, "num_train_epochs", 0);
+    state.num_input_tokens_seen = integer(doc, "num_input_tokens_seen", 0);
     if (doc.contains("best_metric") && !doc["best_metric"].is_null()) {
       state.best_metric = doc["best_metric"].get<double>();
     }
@@ -97,12 +149,13 @@ TrainerState TrainerState::from_json(const std::string& text) {
       state.log_history.push_back(std::move(entry));
     }
     if (doc.contains("mantissa")) {
-      state.steps_in_epoch = doc["mantissa"].value("steps_in_epoch", std::int64_t{0});
-      state.skipped_steps = doc["mantissa"].value("skipped_steps", std::int64_t{0});
+      state.steps_in_epoch = integer(doc["mantissa"], "steps_in_epoch", 0, "mantissa.");
+      state.skipped_steps = integer(doc["mantissa"], "skipped_steps", 0, "mantissa.");
     }
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "trainer_state.json has a missing or mistyped field: ", e.what());
   }
+  check_ranges(state);
   return state;
 }
 

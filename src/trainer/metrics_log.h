@@ -1,0 +1,32 @@
+#pragma once
+// trainer_log.jsonl: one JSON object per log or evaluation entry, appended as it happens, so
+// that a run can be plotted (scripts/plot_metrics) while it trains.
+
+#include <string>
+
+#include <mantissa/trainer_callback.h>
+
+namespace mantissa::detail {
+
+/// Appends log entries to `<output_dir>/trainer_log.jsonl`. A write that fails (a full disk, a
+/// read-only folder) is reported once with a warning that names the file and the reason, and
+/// training goes on: the same entries are kept in `TrainerState::log_history`, which each
+/// checkpoint saves.
+class MetricsLog {
+ public:
+  explicit MetricsLog(std::string output_dir);
+
+  /// Writes `entry` as one line (non-finite values as "NaN"/"Infinity"/"-Infinity"). Creates
+  /// the output folder when it is missing. Never throws for an I/O failure.
+  void append(const LogEntry& entry);
+
+  /// Whether anything was written (the Trainer then owns the output folder's content).
+  bool wrote() const { return wrote_; }
+
+ private:
+  std::string output_dir_;
+  bool wrote_ = false;
+  bool failure_reported_ = false;
+};
+
+}  // namespace mantissa::detail

@@ -1,0 +1,340 @@
+// Hostile and mismatched checkpoints: every value a resumed run reads is checked against the
+// run, each error names the file and the value, non-regular files are refused without blocking,
+// and interrupted saves and rotations are cleaned up by the next save.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <mantissa/io/filesystem.h>
+#include <mantissa/trainer.h>
+
+#include "io/atomic_file.h"
+#include "io/torch_save.h"
+#include "io_test_util.h"
+#include "toy_training.h"
+#include "trainer/checkpoint.h"
+
+namespace {
+
+using mantissa::Trainer;
+using mantissa::TrainingArguments;
+using mantissa_test::make_toy_model;
+using mantissa_test::toy_args;
+using mantissa_test::ToyDataset;
+using mantissa_test::WarningCapture;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::ThrowsMessage;
+
+std::string read_text(const std::string& path) {
+  const auto bytes = mantissa::io::read_file(path);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  mantissa::io::write_file_atomically(path, text);
+}
+
+// A run of 4 optimizer steps (13 batches of 8 make an epoch) that saves checkpoint-4.
+struct SavedRun {
+  std::string dir;
+  std::string checkpoint;
+  TrainingArguments args;
+  std::string file(const char* name) const { return checkpoint + "/" + name; }
+};
+
+SavedRun saved_run(bool fp16 = false) {
+  SavedRun run;
+  run.dir = mantissa_test::toy_output_dir();
+  run.args = toy_args(run.dir).max_steps(4).save_strategy("steps").save_steps(4).fp16(fp16);
+  Trainer(make_toy_model(), run.args, ToyDataset(100)).train();
+  run.checkpoint = run.dir + "/checkpoint-4";
+  return run;
+}
+
+// Resumes `run` from its checkpoint with `args` (the saved ones, to 8 steps, by default).
+void resume(const SavedRun& run, std::optional<TrainingArguments> args = std::nullopt) {
+  Trainer(make_toy_model(), args.value_or(TrainingArguments(run.args).max_steps(8)),
+          ToyDataset(100))
+      .train(run.checkpoint);
+}
+
+// Rewrites one key of trainer_state.json (a dotted key reaches into "mantissa").
+void edit_state(const SavedRun& run, const std::string& key, const nlohmann::json& value) {
+  auto doc = nlohmann::json::parse(read_text(run.file("trainer_state.json")));
+  if (key.rfind("mantissa.", 0) == 0) {
+    doc["mantissa"][key.substr(9)] = value;
+  } else {
+    doc[key] = value;
+  }
+  write_text(run.file("trainer_state.json"), doc.dump(2));
+}
+
+// Rewrites one entry of a torch.save dict file (scaler.pt, scheduler.pt).
+void edit_pickle(const std::string& path, const std::string& key, const c10::IValue& value) {
+  auto dict = torch::pickle_load(mantissa::io::read_file(path)).toGenericDict();
+  dict.insert_or_assign(key, value);
+  const auto bytes = mantissa::io::torch_save_bytes(dict);
+  write_text(path, std::string(bytes.data(), bytes.size()));
+}
+
+TEST(CheckpointTest, PositionOutsideTheRunIsAnErrorNamingTheFile) {
+  const auto run = saved_run();
+  const auto state_file = run.file("trainer_state.json");
+  const auto original = read_text(state_file);
+  for (const std::int64_t bad : {std::int64_t{-7}, std::int64_t{-1000000000}, std::int64_t{14}}) {
+    SCOPED_TRACE(bad);
+    write_text(state_file, original);
+    edit_state(run, "mantissa.steps_in_epoch", bad);
+    EXPECT_THAT([&] { resume(run); },
+                ThrowsMessage<c10::ValueError>(
+                    AllOf(HasSubstr("cannot load checkpoint file '" + state_file + "'"),
+                          HasSubstr("steps_in_epoch"), HasSubstr(std::to_string(bad)))));
+  }
+  for (const std::int64_t bad : {std::int64_t{-5}, std::int64_t{9}}) {
+    SCOPED_TRACE(bad);
+    write_text(state_file, original);
+    edit_state(run, "global_step", bad);
+    EXPECT_THAT([&] { resume(run); },
+                ThrowsMessage<c10::ValueError>(AllOf(
+                    HasSubstr(state_file), HasSubstr("'global_step' is " + std::to_string(bad)))));
+  }
+  write_text(state_file, original);
+  edit_state(run, "global_step", 1e30);
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("must be an integer")));
+  // Nothing was overwritten by the refused runs.
+  write_text(state_file, original);
+  EXPECT_EQ(mantissa::detail::sorted_checkpoints(run.dir),
+            std::vector<std::string>{run.checkpoint});
+}
+
+TEST(CheckpointTest, ResumingAtMaxStepsTrainsNoStep) {
+  const auto run = saved_run();
+  Trainer again(make_toy_model(), run.args, ToyDataset(100));
+  again.train(run.checkpoint);
+  EXPECT_EQ(again.state().global_step, 4);
+  for (const auto& entry : again.state().log_history) EXPECT_LE(entry.at("step"), 4.0);
+  EXPECT_THAT(read_text(run.dir + "/trainer_log.jsonl"), Not(HasSubstr("\"step\":5")));
+}
+
+TEST(CheckpointTest, LoadErrorsCarryNoBacktrace) {
+  const auto run = saved_run();
+  write_text(run.file("trainer_state.json"), "{ not json");
+  try {
+    resume(run);
+    FAIL() << "a corrupt trainer_state.json was accepted";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_THAT(message, HasSubstr("trainer_state.json"));
+    EXPECT_THAT(message, Not(HasSubstr("Exception raised from")));
+    EXPECT_THAT(message, Not(HasSubstr("frame #")));
+  }
+}
+
+TEST(CheckpointTest, ScalerStateThatCannotScaleIsAnError) {
+  const auto run = saved_run(/*fp16=*/true);
+  const auto scaler_file = run.file("scaler.pt");
+  const auto original = read_text(scaler_file);
+  for (const double bad : {0.0, std::nan(""), std::numeric_limits<double>::infinity(), -1.0}) {
+    SCOPED_TRACE(bad);
+    write_text(scaler_file, original);
+    edit_pickle(scaler_file, "scale", bad);
+    EXPECT_THAT(
+        [&] { resume(run, TrainingArguments(run.args).max_steps(8)); },
+        ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(scaler_file), HasSubstr("'scale' is"))));
+  }
+  write_text(scaler_file, original);
+  edit_pickle(scaler_file, "_growth_tracker", std::int64_t{-3});
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("'_growth_tracker' is -3")));
+}
+
+TEST(CheckpointTest, SchedulerStateOutOfRangeIsAnError) {
+  const auto run = saved_run();
+  const auto scheduler_file = run.file("scheduler.pt");
+  const auto original = read_text(scheduler_file);
+  c10::impl::GenericList nan_rates(c10::AnyType::get());
+  nan_rates.push_back(std::nan(""));
+  nan_rates.push_back(1e-2);
+  edit_pickle(scheduler_file, "base_lrs", nan_rates);
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr(scheduler_file), HasSubstr("'base_lrs'[0] is nan"))));
+  write_text(scheduler_file, original);
+  edit_pickle(scheduler_file, "last_epoch", std::int64_t{-50});
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr(scheduler_file), HasSubstr("'last_epoch' is -50"))));
+}
+
+TEST(CheckpointTest, OptimizerStateOfAnotherShapeIsAnError) {
+  const auto run = saved_run();
+  // The same groups and counts as the toy model's (weights, then biases), other shapes.
+  std::vector<torch::Tensor> weights{torch::zeros({8, 16}, torch::requires_grad()),
+                                     torch::zeros({16, 4}, torch::requires_grad())};
+  std::vector<torch::Tensor> biases{torch::zeros({16}, torch::requires_grad()),
+                                    torch::zeros({4}, torch::requires_grad())};
+  std::vector<torch::optim::OptimizerParamGroup> groups{torch::optim::OptimizerParamGroup(weights),
+                                                        torch::optim::OptimizerParamGroup(biases)};
+  torch::optim::AdamW other(groups, torch::optim::AdamWOptions(1e-2));
+  for (auto& p : weights) p.mutable_grad() = torch::ones_like(p);
+  for (auto& p : biases) p.mutable_grad() = torch::ones_like(p);
+  other.step();
+  torch::serialize::OutputArchive archive;
+  other.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  write_text(run.file("optimizer.pt"), bytes.str());
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr(run.file("optimizer.pt")),
+                                                   HasSubstr("has shape [8, 16]"),
+                                                   HasSubstr("the parameter has shape [16, 8]"))));
+}
+
+TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  const auto run = saved_run();
+  const auto state_file = run.file("trainer_state.json");
+  const auto model_file = run.file("model.safetensors");
+  const auto state_copy = read_text(state_file);
+  ASSERT_EQ(::unlink(state_file.c_str()), 0);
+  ASSERT_EQ(::symlink("/dev/zero", state_file.c_str()), 0);
+  EXPECT_THAT([&] { resume(run); }, ThrowsMessage<c10::Error>(AllOf(
+                                        HasSubstr(state_file), HasSubstr("a character device"))));
+  ASSERT_EQ(::unlink(state_file.c_str()), 0);
+  ASSERT_EQ(::mkfifo(state_file.c_str(), 0600), 0);
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr(state_file), HasSubstr("a FIFO"))));
+  ASSERT_EQ(::unlink(state_file.c_str()), 0);
+  write_text(state_file, state_copy);
+  ASSERT_EQ(::unlink(model_file.c_str()), 0);
+  ASSERT_EQ(::mkfifo(model_file.c_str(), 0600), 0);
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr(model_file), HasSubstr("a FIFO"))));
+}
+
+TEST(CheckpointTest, CheckpointPathThatIsAFileSaysSo) {
+  const auto run = saved_run();
+  EXPECT_THAT(
+      [&] { Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.file("scheduler.pt")); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("is not a folder")));
+  EXPECT_THAT(
+      [&] {
+        Trainer(make_toy_model(), run.args, ToyDataset(100)).train(run.dir + "/checkpoint-99");
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("does not exist")));
+}
+
+TEST(CheckpointTest, ArgumentsThatMoveTheDataPositionAreErrors) {
+  const auto run = saved_run();
+  const auto batch = TrainingArguments(run.args).max_steps(8).per_device_train_batch_size(4);
+  EXPECT_THAT([&] { resume(run, batch); },
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
+                        HasSubstr("cannot resume from '" + run.checkpoint + "'"))));
+  const auto accumulation = TrainingArguments(run.args).max_steps(8).gradient_accumulation_steps(2);
+  EXPECT_THAT(
+      [&] { resume(run, accumulation); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("gradient_accumulation_steps is 2 now but was 1")));
+  // A checkpoint of HF's layout has no training_args.json: trainer_state.json's batch size decides.
+  ASSERT_EQ(::unlink(run.file("training_args.json").c_str()), 0);
+  EXPECT_THAT([&] { resume(run, batch); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("'train_batch_size' 8, but this run has "
+                                                       "per_device_train_batch_size 4")));
+}
+
+TEST(CheckpointTest, HarmlessChangedArgumentsWarnAndThisRunsValuesApply) {
+  const auto run = saved_run();
+  WarningCapture warnings;
+  Trainer trainer(make_toy_model(),
+                  TrainingArguments(run.args).max_steps(8).save_steps(3).logging_steps(2),
+                  ToyDataset(100));
+  trainer.train(run.checkpoint);
+  EXPECT_EQ(trainer.state().save_steps, 3);
+  EXPECT_EQ(trainer.state().logging_steps, 2);
+  EXPECT_TRUE(mantissa::io::is_directory(run.dir + "/checkpoint-6"));
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_THAT(warnings.messages[0], AllOf(HasSubstr("save_steps is 3.0 now but was 4.0"),
+                                          HasSubstr("logging_steps is 2.0 now but was 5.0"),
+                                          HasSubstr("max_steps is 8 now but was 4"),
+                                          HasSubstr("this run's value is used")));
+}
+
+TEST(CheckpointTest, FailedLogWriteWarnsOnceAndTrainingGoesOn) {
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto log_file = dir + "/trainer_log.jsonl";
+  ASSERT_EQ(::symlink("/dev/full", log_file.c_str()), 0);
+  WarningCapture warnings;
+  Trainer trainer(make_toy_model(),
+                  toy_args(dir).max_steps(12).logging_steps(2).overwrite_output_dir(true),
+                  ToyDataset(100));
+  trainer.train();
+  EXPECT_EQ(trainer.state().global_step, 12);
+  EXPECT_GE(trainer.state().log_history.size(), 6u);
+  std::size_t log_warnings = 0;
+  for (const auto& message : warnings.messages) {
+    if (message.find("trainer_log.jsonl") == std::string::npos) continue;
+    ++log_warnings;
+    EXPECT_THAT(message, HasSubstr("No space left on device"));
+  }
+  EXPECT_EQ(log_warnings, 1u);
+}
+
+TEST(CheckpointTest, InterruptedSavesAreCleanedUpByTheNextSave) {
+  const auto run = saved_run();
+  const auto& dir = run.dir;
+  // A save killed while writing, a rotation killed while deleting, and a re-save of step 4
+  // killed between its two renames (checkpoint-4 moved aside, the new one not yet in place).
+  mantissa::io::create_directories(dir + "/tmp-checkpoint-3-a1b2c3/partial");
+  mantissa::io::create_directories(dir + "/deleting-checkpoint-2-d4e5f6");
+  mantissa::io::rename_path(run.checkpoint, dir + "/old-checkpoint-4-g7h8i9");
+  EXPECT_TRUE(mantissa::detail::sorted_checkpoints(dir).empty());
+
+  mantissa::detail::clean_interrupted_saves(dir);
+  std::vector<std::string> names = mantissa::io::list_directory(dir);
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-4", "trainer_log.jsonl"}));
+  resume(run);  // the restored checkpoint is whole
+}
+
+TEST(CheckpointTest, RotationKilledHalfWayLeavesNoHalfDeletedCheckpoint) {
+  const auto dir = mantissa_test::toy_output_dir();
+  auto args = toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1);
+  mantissa::detail::checkpoint_remove_hook = [](const std::string& path) {
+    throw std::runtime_error("killed while deleting " + path + " (simulated)");
+  };
+  EXPECT_THROW(Trainer(make_toy_model(), args, ToyDataset(100)).train(), std::runtime_error);
+  mantissa::detail::checkpoint_remove_hook = nullptr;
+  // checkpoint-2 was renamed out of the checkpoint names before its deletion began.
+  EXPECT_EQ(mantissa::detail::sorted_checkpoints(dir),
+            std::vector<std::string>{dir + "/checkpoint-4"});
+  const auto names = mantissa::io::list_directory(dir);
+  ASSERT_EQ(names.size(), 2u);  // no log line yet: logging_steps is 5
+  EXPECT_EQ(names[1].rfind("deleting-checkpoint-2-", 0), 0u) << names[1];
+
+  Trainer(make_toy_model(), args.max_steps(8), ToyDataset(100)).train("latest");
+  EXPECT_EQ(mantissa::io::list_directory(dir),
+            (std::vector<std::string>{"checkpoint-8", "trainer_log.jsonl"}));
+}
+
+TEST(CheckpointTest, PrecisionPlanNamesAStaticLossScale) {
+  Trainer fixed(make_toy_model(),
+                toy_args(mantissa_test::toy_output_dir()).fp16(true).loss_scale(128),
+                ToyDataset(8));
+  EXPECT_THAT(fixed.precision_plan().describe(), HasSubstr("static loss scale 128"));
+  Trainer dynamic(make_toy_model(), toy_args(mantissa_test::toy_output_dir()).fp16(true),
+                  ToyDataset(8));
+  EXPECT_THAT(dynamic.precision_plan().describe(), HasSubstr("dynamic loss scaling"));
+}
+
+}  // namespace
