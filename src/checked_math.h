@@ -23,7 +23,9 @@ inline std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b) {
 }
 
 /// `ceil(a / b)` for `a >= 0`, `b > 0`; never overflows (unlike `(a + b - 1) / b`).
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return a / b + (a % b != 0 ? 1 : 0);
+}
 
 /// Whether `v` converts to int64 without overflow: `v` in [-2^63, 2^63). False for nan and inf.
 inline bool fits_int64(double v) { return v >= -0x1p63 && v < 0x1p63; }

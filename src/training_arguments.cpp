@@ -552,13 +552,12 @@ void check_counts_fit(const TrainingArguments& args) {
                     " is more epochs than a 64-bit count holds (at most ", detail::kMaxCount, ")");
   // Every epoch takes at least one optimizer step, whatever the dataset.
   const auto min_steps = static_cast<int64_t>(std::ceil(epochs));
-  TORCH_CHECK_VALUE(detail::checked_mul(min_steps, *examples_per_step).has_value(),
-                    "--num_train_epochs ", repr(epochs), " (at least ", min_steps,
-                    " optimizer steps) of ", *examples_per_step,
-                    " examples per step (--per_device_train_batch_size ", batch,
-                    " x --gradient_accumulation_steps ", accumulation,
-                    ") is more examples than a 64-bit count holds (at most ", detail::kMaxCount,
-                    ")");
+  TORCH_CHECK_VALUE(
+      detail::checked_mul(min_steps, *examples_per_step).has_value(), "--num_train_epochs ",
+      repr(epochs), " (at least ", min_steps, " optimizer steps) of ", *examples_per_step,
+      " examples per step (--per_device_train_batch_size ", batch,
+      " x --gradient_accumulation_steps ", accumulation,
+      ") is more examples than a 64-bit count holds (at most ", detail::kMaxCount, ")");
 }
 
 // An interval in steps (or a ratio below 1 of the run): what `resolve_steps` can turn into a

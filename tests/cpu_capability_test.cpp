@@ -39,12 +39,14 @@ CpuFeatures this_cpu() {
 /// The instructions `requested` (ATEN_CPU_CAPABILITY's value, or null) needs and `cpu` lacks, or
 /// nullopt when the CPU can run it. Only the exact lower-case names ATen honours count; any
 /// other value ATen ignores with a warning (so does this), and "default" runs anywhere.
-std::optional<std::string> missing_instructions(const char* requested, const CpuFeatures& cpu, bool x86) {
+std::optional<std::string> missing_instructions(const char* requested, const CpuFeatures& cpu,
+                                                bool x86) {
   if (requested == nullptr || !x86) return std::nullopt;  // elsewhere ATen knows no avx2/avx512
   const std::string level(requested);
   // The same tests as ATen's own choice of level (aten/src/ATen/native/DispatchStub.cpp).
   if (level == "avx2" && !(cpu.avx2 && cpu.fma)) return "AVX2 and FMA";
-  if (level == "avx512" && !(cpu.avx512f && cpu.avx512vl && cpu.avx512bw && cpu.avx512dq && cpu.fma)) {
+  if (level == "avx512" &&
+      !(cpu.avx512f && cpu.avx512vl && cpu.avx512bw && cpu.avx512dq && cpu.fma)) {
     return "AVX512 F/VL/BW/DQ and FMA";
   }
   return std::nullopt;
@@ -87,10 +89,13 @@ TEST(CpuCapabilityGuardTest, SkipsOnlyWhatTheCpuCannotRun) {
   EXPECT_EQ(missing_instructions("avx2", avx2, true), std::nullopt);
   EXPECT_EQ(missing_instructions("avx512", avx2, true), "AVX512 F/VL/BW/DQ and FMA");
   EXPECT_EQ(missing_instructions("avx512", avx512, true), std::nullopt);
-  EXPECT_EQ(missing_instructions("AVX2", none, true), std::nullopt) << "ATen ignores other spellings";
-  EXPECT_EQ(missing_instructions("avx2", none, false), std::nullopt) << "and the x86 names elsewhere";
+  EXPECT_EQ(missing_instructions("AVX2", none, true), std::nullopt)
+      << "ATen ignores other spellings";
+  EXPECT_EQ(missing_instructions("avx2", none, false), std::nullopt)
+      << "and the x86 names elsewhere";
   // This machine runs the level it is being tested under (else the guard skipped this test).
-  EXPECT_EQ(missing_instructions(std::getenv("ATEN_CPU_CAPABILITY"), this_cpu(), kX86), std::nullopt);
+  EXPECT_EQ(missing_instructions(std::getenv("ATEN_CPU_CAPABILITY"), this_cpu(), kX86),
+            std::nullopt);
 }
 
 }  // namespace

@@ -292,29 +292,41 @@ TEST(TrainerTest, BadInputFailsBeforeAnyWork) {
 // none wraps around into a run that trains nothing and returns as if it had finished.
 TEST(TrainerTest, RunCountsBeyondInt64AreErrorsNamingTheFlag) {
   // 100 examples in batches of 1: 100 optimizer steps per epoch, so 1e18 epochs are 1e20 steps.
-  EXPECT_THAT([&] {
-    Trainer(make_model(), base_args(temp_dir()).per_device_train_batch_size(1).num_train_epochs(1e18),
-            ToyDataset(100)).train();
-  }, ThrowsMessage<c10::ValueError>(HasSubstr(
-         "--num_train_epochs 1e+18 of 100 optimizer steps each is more optimizer steps than a "
-         "64-bit count holds")));
+  EXPECT_THAT(
+      [&] {
+        Trainer(make_model(),
+                base_args(temp_dir()).per_device_train_batch_size(1).num_train_epochs(1e18),
+                ToyDataset(100))
+            .train();
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr(
+          "--num_train_epochs 1e+18 of 100 optimizer steps each is more optimizer steps than a "
+          "64-bit count holds")));
   // 1e16 epochs of 100 steps fit, but not with 100 examples each. (Stopped after one step, in
   // case the check is missing.)
-  EXPECT_THAT([&] {
-    Trainer trainer(make_model(), base_args(temp_dir()).per_device_train_batch_size(100).num_train_epochs(1e16),
-                    ToyDataset(10000));
-    trainer.add_callback(std::make_shared<StopAt>(1));
-    trainer.train();
-  }, ThrowsMessage<c10::ValueError>(HasSubstr(
-         "--num_train_epochs 1e+16 (1000000000000000000 optimizer steps) of "
-         "--per_device_train_batch_size 100 x --gradient_accumulation_steps 1 examples each is more "
-         "examples than a 64-bit count holds")));
+  EXPECT_THAT(
+      [&] {
+        Trainer trainer(
+            make_model(),
+            base_args(temp_dir()).per_device_train_batch_size(100).num_train_epochs(1e16),
+            ToyDataset(10000));
+        trainer.add_callback(std::make_shared<StopAt>(1));
+        trainer.train();
+      },
+      ThrowsMessage<c10::ValueError>(
+          HasSubstr("--num_train_epochs 1e+16 (1000000000000000000 optimizer steps) of "
+                    "--per_device_train_batch_size 100 x --gradient_accumulation_steps 1 examples "
+                    "each is more "
+                    "examples than a 64-bit count holds")));
 }
 
 TEST(TrainerTest, BatchSizeAtTheInt64LimitTrainsOnTheWholeDataset) {
   const auto model = make_model();
   const auto before = params_of(model);
-  Trainer trainer(model, base_args(temp_dir()).per_device_train_batch_size(std::numeric_limits<int64_t>::max()).num_train_epochs(1),
+  Trainer trainer(model,
+                  base_args(temp_dir())
+                      .per_device_train_batch_size(std::numeric_limits<int64_t>::max())
+                      .num_train_epochs(1),
                   ToyDataset(100));
   trainer.train();
   EXPECT_EQ(trainer.state().global_step, 1) << "one batch of all 100 examples";
@@ -324,7 +336,9 @@ TEST(TrainerTest, BatchSizeAtTheInt64LimitTrainsOnTheWholeDataset) {
 
 TEST(TrainerTest, MaxStepsAtTheInt64LimitTrainsUntilStopped) {
   Trainer trainer(make_model(),
-                  base_args(temp_dir()).per_device_train_batch_size(1).max_steps(std::numeric_limits<int64_t>::max()),
+                  base_args(temp_dir())
+                      .per_device_train_batch_size(1)
+                      .max_steps(std::numeric_limits<int64_t>::max()),
                   ToyDataset(16));
   trainer.add_callback(std::make_shared<StopAt>(3));
   trainer.train();
@@ -335,20 +349,23 @@ TEST(TrainerTest, MaxStepsAtTheInt64LimitTrainsUntilStopped) {
 TEST(TrainerTest, WorkerCountAtTheInt64LimitPrefetchesTheRestOfTheEpoch) {
   auto run = [](int64_t workers) {
     auto model = make_model();
-    Trainer trainer(model, base_args(temp_dir()).max_steps(4).dataloader_num_workers(workers), ToyDataset(40));
+    Trainer trainer(model, base_args(temp_dir()).max_steps(4).dataloader_num_workers(workers),
+                    ToyDataset(40));
     trainer.train();
     EXPECT_EQ(trainer.state().global_step, 4);
     return params_of(model);
   };
   const auto inline_loading = run(0);
   const auto all_at_once = run(std::numeric_limits<int64_t>::max());
-  for (size_t i = 0; i < inline_loading.size(); ++i) EXPECT_TRUE(torch::equal(inline_loading[i], all_at_once[i]));
+  for (size_t i = 0; i < inline_loading.size(); ++i)
+    EXPECT_TRUE(torch::equal(inline_loading[i], all_at_once[i]));
 }
 
 // The run's schedule as a pure function of the arguments and the dataset's size.
 TEST(RunScheduleTest, StepsAndEpochsFromTheArguments) {
   using mantissa::detail::make_run_schedule;
-  const auto args = TrainingArguments().per_device_train_batch_size(8).gradient_accumulation_steps(3);
+  const auto args =
+      TrainingArguments().per_device_train_batch_size(8).gradient_accumulation_steps(3);
   auto s = make_run_schedule(TrainingArguments(args).num_train_epochs(2.5), 100);
   EXPECT_EQ(s.batches_per_epoch, 13);  // ceil(100 / 8)
   EXPECT_EQ(s.updates_per_epoch, 5);   // ceil(13 / 3)
@@ -357,18 +374,25 @@ TEST(RunScheduleTest, StepsAndEpochsFromTheArguments) {
   s = make_run_schedule(TrainingArguments(args).max_steps(11), 100);
   EXPECT_EQ(s.max_steps, 11);
   EXPECT_EQ(s.num_epochs, 3);  // ceil(11 / 5)
-  s = make_run_schedule(TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1), 100);
+  s = make_run_schedule(TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1),
+                        100);
   EXPECT_EQ(s.batches_per_epoch, 12);
   EXPECT_EQ(s.updates_per_epoch, 4);
 
   const int64_t max = std::numeric_limits<int64_t>::max();
-  s = make_run_schedule(TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1), 100);
+  s = make_run_schedule(TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1),
+                        100);
   EXPECT_EQ(s.batches_per_epoch, 1);
   EXPECT_EQ(s.max_steps, 1);
   s = make_run_schedule(TrainingArguments().per_device_train_batch_size(1).max_steps(max), 10);
   EXPECT_EQ(s.num_epochs, max / 10 + 1);  // ceil, without the overflow of (a + b - 1) / b
-  EXPECT_THAT([&] { make_run_schedule(TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17), 100); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("--num_train_epochs 1e+17 of 100 optimizer steps each")));
+  EXPECT_THAT(
+      [&] {
+        make_run_schedule(TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17),
+                          100);
+      },
+      ThrowsMessage<c10::ValueError>(
+          HasSubstr("--num_train_epochs 1e+17 of 100 optimizer steps each")));
   EXPECT_THAT([&] { make_run_schedule(TrainingArguments(), 0); },
               ThrowsMessage<c10::ValueError>(HasSubstr("the training dataset is empty")));
 }

@@ -689,10 +689,11 @@ TEST(TrainingArgumentsTest, BoundaryValuesAreValid) {
 // value, never a wrapped count (which trained nothing and exited 0) or a misleading message.
 TEST(TrainingArgumentsTest, SizesBeyondInt64AreErrorsNamingTheFlag) {
   const std::string max = "9223372036854775807";
-  EXPECT_THAT(parse_error({"--per_device_train_batch_size", max, "--gradient_accumulation_steps", "2"}),
-              HasSubstr("--per_device_train_batch_size " + max +
-                        " x --gradient_accumulation_steps 2 examples per optimizer step is more "
-                        "than a 64-bit count holds"));
+  EXPECT_THAT(
+      parse_error({"--per_device_train_batch_size", max, "--gradient_accumulation_steps", "2"}),
+      HasSubstr("--per_device_train_batch_size " + max +
+                " x --gradient_accumulation_steps 2 examples per optimizer step is more "
+                "than a 64-bit count holds"));
   // Three epochs take at least three optimizer steps of that many examples.
   EXPECT_THAT(parse_error({"--per_device_train_batch_size", max}),
               HasSubstr("--num_train_epochs 3.0 (at least 3 optimizer steps) of " + max +
@@ -713,8 +714,9 @@ TEST(TrainingArgumentsTest, SizesBeyondInt64AreErrorsNamingTheFlag) {
   EXPECT_THAT(parse_error({"--logging_strategy", "no", "--logging_steps", "-1e300"}),
               HasSubstr("--logging_steps -1e+300 is not a number of steps"));
   // The loss scale is a float32 tensor: a larger value would be inf on the first step.
-  EXPECT_THAT(parse_error({"--loss_scale", "1e39"}),
-              HasSubstr("--loss_scale 1e+39 does not fit in the float32 that holds the loss scale"));
+  EXPECT_THAT(
+      parse_error({"--loss_scale", "1e39"}),
+      HasSubstr("--loss_scale 1e+39 does not fit in the float32 that holds the loss scale"));
   EXPECT_THAT(parse_error({"--min_loss_scale", "1e39"}),
               HasSubstr("--min_loss_scale 1e+39 does not fit in the float32"));
   EXPECT_THAT(parse_error({"--max_loss_scale", "1e300"}),

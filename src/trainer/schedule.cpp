@@ -10,15 +10,17 @@
 namespace mantissa::detail {
 
 RunSchedule make_run_schedule(const TrainingArguments& args, std::size_t dataset_size) {
-  TORCH_CHECK_VALUE(dataset_size > 0, "the training dataset is empty: there is nothing to train on");
-  TORCH_CHECK_VALUE(dataset_size <= static_cast<std::size_t>(kMaxCount), "the training dataset has ",
-                    dataset_size, " examples, more than a 64-bit count holds (at most ", kMaxCount,
-                    ")");
+  TORCH_CHECK_VALUE(dataset_size > 0,
+                    "the training dataset is empty: there is nothing to train on");
+  TORCH_CHECK_VALUE(dataset_size <= static_cast<std::size_t>(kMaxCount),
+                    "the training dataset has ", dataset_size,
+                    " examples, more than a 64-bit count holds (at most ", kMaxCount, ")");
   const auto n = static_cast<std::int64_t>(dataset_size);
   const auto batch_size = args.per_device_train_batch_size();
   const auto accumulation = args.gradient_accumulation_steps();
-  TORCH_CHECK_VALUE(!(args.dataloader_drop_last() && batch_size > n), "per_device_train_batch_size (",
-                    batch_size, ") is larger than the training dataset (", n,
+  TORCH_CHECK_VALUE(!(args.dataloader_drop_last() && batch_size > n),
+                    "per_device_train_batch_size (", batch_size,
+                    ") is larger than the training dataset (", n,
                     " examples) and dataloader_drop_last is set: no batch would be produced");
   RunSchedule s;
   s.batches_per_epoch = args.dataloader_drop_last() ? n / batch_size : ceil_div(n, batch_size);
@@ -32,7 +34,8 @@ RunSchedule make_run_schedule(const TrainingArguments& args, std::size_t dataset
     TORCH_CHECK_VALUE(fits_int64(steps) && fits_int64(std::ceil(epochs)), "--num_train_epochs ",
                       epochs, " of ", s.updates_per_epoch,
                       " optimizer steps each is more optimizer steps than a 64-bit count holds "
-                      "(at most ", kMaxCount, ")");
+                      "(at most ",
+                      kMaxCount, ")");
     s.max_steps = static_cast<std::int64_t>(steps);
     s.num_epochs = static_cast<std::int64_t>(std::ceil(epochs));
   }
