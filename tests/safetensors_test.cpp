@@ -335,6 +335,9 @@ TEST_F(SafetensorsCorruptFileTest, HeaderThatIsNotTheExpectedJson) {
   expect_error(make_file(R"({"__metadata__":{"format":1}})", ""),
                "\"__metadata__\" must map strings to strings, but 'format' holds 1");
   expect_error(make_file(R"({"__metadata__":[]})", ""), "\"__metadata__\" is not a JSON object");
+  // nlohmann reports a number beyond double as out_of_range, not as a parse error.
+  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e400}})", std::string(4, '\0')),
+               "the header is not valid JSON: [json.exception.out_of_range.406] number overflow");
 }
 
 TEST_F(SafetensorsCorruptFileTest, DeeplyNestedHeaderIsRefusedWithoutCrashing) {
@@ -747,6 +750,8 @@ std::vector<std::pair<std::string, std::string>> edge_case_files() {
       {"dtype_twice", make_file(R"({"w":{"dtype":"F16","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
       {"unknown_field_twice", make_file(R"({"w":{"x":1,"x":2,"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
       {"unknown_field", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[{"y":2}]}})", four)},
+      {"number_overflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":-1e400}})", four)},
+      {"number_underflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e-400}})", four)},
       {"shape_minus_zero", make_file(R"({"w":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", "")},
       {"shape_float", make_file(R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four)},
       {"shape_exponent", make_file(R"({"w":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})", four)},

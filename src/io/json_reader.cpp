@@ -74,7 +74,7 @@ Json parse_json_text(std::string_view text, std::size_t max_depth,
   check_shape_of_text(text, max_depth);
   try {
     return Json::parse(text.begin(), text.end(), callback);
-  } catch (const typename Json::parse_error& e) {
+  } catch (const typename Json::exception& e) {  // parse_error, or out_of_range for 1e400
     std::string message = e.what();
     if (message.size() > kMaxParseMessage) {
       cut_utf8(message, kMaxParseMessage);
