@@ -2,6 +2,7 @@
 #   make demo   installs what is missing, builds, trains Fashion-MNIST in bf16, prints accuracy
 #   make test   installs what is missing, builds everything, runs every test
 #   make bench  installs what is missing, builds the benchmarks, runs the side-by-side anchors
+#   make sanitize  the sanitizer build, its tests and a bounded fuzzing run
 JOBS ?= $(shell nproc)
 DEMO_FLAGS ?= --bf16 --num_train_epochs 1 --learning_rate 2e-3 --per_device_train_batch_size 64 \
               --per_device_eval_batch_size 1000 \
@@ -10,7 +11,7 @@ DEMO_FLAGS ?= --bf16 --num_train_epochs 1 --learning_rate 2e-3 --per_device_trai
 # bench/anchors' flags (--help lists them); empty = the settings BENCHMARKS.md quotes.
 BENCH_FLAGS ?=
 
-.PHONY: all bootstrap configure build test demo bench clean
+.PHONY: all bootstrap configure build test demo bench sanitize clean
 all: build
 
 bootstrap:
@@ -33,6 +34,11 @@ demo: build
 bench: configure
 	cmake --build --preset default -j $(JOBS) --target trainer_bench fused_adamw_bench
 	bench/anchors --output build/bench/anchors.json $(BENCH_FLAGS)
+
+# clang ASan + UBSan build in build-asan/: the CPU tests, every committed fuzz input, then
+# FUZZ_SECONDS (60) of fuzzing per target (docs/building.md, "Fuzzing and sanitizers").
+sanitize:
+	JOBS=$(JOBS) scripts/sanitize-and-fuzz
 
 clean:
 	rm -rf build

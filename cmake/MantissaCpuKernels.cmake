@@ -24,7 +24,10 @@ function(mantissa_add_cpu_kernels target)
 
   set(_openmp_flag "")
   set(_openmp_lib "")
-  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  # GNU only: clang's -fopenmp emits calls into LLVM's libomp (__kmpc_fork_call), which the
+  # libgomp LibTorch loads does not provide, and a second OpenMP runtime is what we avoid. A
+  # clang build (the asan preset) runs the fused CPU kernels on one thread.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     check_cxx_compiler_flag(-fopenmp MANTISSA_HAVE_FOPENMP)
     if(MANTISSA_HAVE_FOPENMP)
       set(_openmp_flag -fopenmp)
@@ -50,8 +53,11 @@ function(mantissa_add_cpu_kernels target)
     set(_options ${_openmp_flag})
     set(_definitions)
     if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-      # -Wno-maybe-uninitialized: GCC 12 flags its own _mm512_undefined_ps() in avx512fintrin.h.
-      list(APPEND _options -ffp-contract=off -Wno-maybe-uninitialized)
+      list(APPEND _options -ffp-contract=off)
+    endif()
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      # GCC 12 flags its own _mm512_undefined_ps() in avx512fintrin.h (clang has no such flag).
+      list(APPEND _options -Wno-maybe-uninitialized)
     endif()
     if(_source MATCHES "_default\\.cpp$")
       list(APPEND _definitions CPU_CAPABILITY=DEFAULT CPU_CAPABILITY_DEFAULT)

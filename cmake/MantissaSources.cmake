@@ -29,6 +29,7 @@ set(MANTISSA_CXX_SOURCES
   src/io/safetensors.cpp
   src/io/filesystem.cpp
   src/io/torch_save.cpp
+  src/io/json_reader.cpp
   src/lr_scheduler.cpp
   src/clip_grad.cpp
   src/trainer/trainer_state.cpp

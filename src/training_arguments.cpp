@@ -28,6 +28,7 @@
 #include "checked_math.h"
 #include "device_info.h"
 #include "io/atomic_file.h"
+#include "io/json_reader.h"
 
 namespace mantissa {
 namespace {
@@ -134,6 +135,20 @@ std::string py_list(const std::vector<std::string>& values) {
     out += repr(values[i]);
   }
   return out + "]";
+}
+
+// "'a', 'b'" for from_json's message: the first few keys, each cut short, so that a hostile
+// file of a million long keys gives a message of one line.
+std::string unknown_keys_text(const std::vector<std::string>& keys) {
+  constexpr std::size_t kShown = 5;
+  constexpr std::size_t kKeyChars = 60;
+  std::string out;
+  for (std::size_t i = 0; i < keys.size() && i < kShown; ++i) {
+    if (i) out += ", ";
+    out += keys[i].size() > kKeyChars ? repr(keys[i].substr(0, kKeyChars) + "...") : repr(keys[i]);
+  }
+  if (keys.size() > kShown) out += " and " + std::to_string(keys.size() - kShown) + " more";
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,26 +265,26 @@ Json to_json_value(const char* key, const std::optional<T>& v) {
 }
 
 void from_json_value(const char* key, const Json& j, bool& out) {
-  TORCH_CHECK_VALUE(j.is_boolean(), key, ": expected true or false, got ", j.dump());
+  TORCH_CHECK_VALUE(j.is_boolean(), key, ": expected true or false, got ", io::describe_json(j));
   out = j.get<bool>();
 }
 
 void from_json_value(const char* key, const Json& j, int64_t& out) {
-  TORCH_CHECK_VALUE(j.is_number_integer(), key, ": expected an integer, got ", j.dump());
+  TORCH_CHECK_VALUE(j.is_number_integer(), key, ": expected an integer, got ", io::describe_json(j));
   if (j.is_number_unsigned()) {
     TORCH_CHECK_VALUE(j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                      key, ": ", j.dump(), " is out of range for a 64-bit integer");
+                      key, ": ", io::describe_json(j), " is out of range for a 64-bit integer");
   }
   out = j.get<int64_t>();
 }
 
 void from_json_value(const char* key, const Json& j, double& out) {
-  TORCH_CHECK_VALUE(j.is_number(), key, ": expected a number, got ", j.dump());
+  TORCH_CHECK_VALUE(j.is_number(), key, ": expected a number, got ", io::describe_json(j));
   out = j.get<double>();
 }
 
 void from_json_value(const char* key, const Json& j, std::string& out) {
-  TORCH_CHECK_VALUE(j.is_string(), key, ": expected a string, got ", j.dump());
+  TORCH_CHECK_VALUE(j.is_string(), key, ": expected a string, got ", io::describe_json(j));
   out = j.get<std::string>();
 }
 
@@ -794,8 +809,8 @@ std::string TrainingArguments::to_json() const {
 TrainingArguments TrainingArguments::from_json(const std::string& text, bool validate) {
   Json j;
   try {
-    j = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+    j = io::parse_json_text<Json>(text);
+  } catch (const io::JsonTextError& e) {
     TORCH_CHECK_VALUE(false, "from_json: not valid JSON: ", e.what());
   }
   TORCH_CHECK_VALUE(j.is_object(), "from_json: expected a JSON object of TrainingArguments fields, got ",
@@ -814,8 +829,7 @@ TrainingArguments TrainingArguments::from_json(const std::string& text, bool val
     if (!known) unknown.push_back(key);
   }
   TORCH_CHECK_VALUE(unknown.empty(), "from_json: unknown key", unknown.size() > 1 ? "s " : " ",
-                    py_list(unknown).substr(1, py_list(unknown).size() - 2),
-                    ": TrainingArguments has no such field");
+                    unknown_keys_text(unknown), ": TrainingArguments has no such field");
   if (validate) args.validate();
   return args;
 }

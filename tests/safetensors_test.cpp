@@ -1,10 +1,12 @@
 // The safetensors writer and reader: round trips for every dtype, the exact file layout, the
 // checks on corrupt files, module save/load, and interop with Python's safetensors package.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,7 +80,8 @@ const std::vector<std::pair<std::string, torch::ScalarType>>& all_dtypes() {
       {"I16", torch::kShort},    {"I8", torch::kChar},             {"U8", torch::kByte},
       {"BOOL", torch::kBool},    {"U64", torch::kUInt64},          {"U32", torch::kUInt32},
       {"U16", torch::kUInt16},   {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2},
-      {"C64", torch::kComplexFloat},
+      {"F8_E4M3FNUZ", torch::kFloat8_e4m3fnuz}, {"F8_E5M2FNUZ", torch::kFloat8_e5m2fnuz},
+      {"F8_E8M0", torch::kFloat8_e8m0fnu},      {"C64", torch::kComplexFloat},
   };
   return dtypes;
 }
@@ -332,6 +335,80 @@ TEST_F(SafetensorsCorruptFileTest, HeaderThatIsNotTheExpectedJson) {
   expect_error(make_file(R"({"__metadata__":{"format":1}})", ""),
                "\"__metadata__\" must map strings to strings, but 'format' holds 1");
   expect_error(make_file(R"({"__metadata__":[]})", ""), "\"__metadata__\" is not a JSON object");
+  // nlohmann reports a number beyond double as out_of_range, not as a parse error.
+  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e400}})", std::string(4, '\0')),
+               "the header is not valid JSON: [json.exception.out_of_range.406] number overflow");
+}
+
+TEST_F(SafetensorsCorruptFileTest, DeeplyNestedHeaderIsRefusedWithoutCrashing) {
+  // 100k open brackets: the error message used to print the value with nlohmann's recursive
+  // dump(), which overflowed the stack. The nesting is now refused before parsing.
+  const std::string open(100'000, '['), close(100'000, ']');
+  expect_error(make_file("{\"a\":" + open + close + "}", ""),
+               "nest deeper than 127 levels (the bracket at offset 131 opens level 128)");
+  expect_error(make_file("{\"__metadata__\":{\"m\":" + open + close + "}}", ""), "nest deeper");
+  expect_error(make_file(R"({"w":{"dtype":"F32","shape":)" + open + close + R"(,"data_offsets":[0,0]}})", ""),
+               "nest deeper");
+  // Brackets inside strings do not count, escaped quotes do not end a string.
+  const std::string name = "\\\"" + open;
+  write_raw_file(path_, make_file("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"));
+  EXPECT_EQ(load_safetensors(path_).at(0).first, "\"" + open);
+}
+
+TEST_F(SafetensorsCorruptFileTest, MessagesShowOnlyTheStartOfABadValue) {
+  std::string long_list = "[";
+  for (int i = 0; i < 100'000; ++i) long_list += i ? ",-1" : "-1";
+  long_list += "]";
+  write_raw_file(path_, make_file(R"({"w":{"dtype":"F32","shape":)" + long_list + R"(,"data_offsets":[0,0]}})", ""));
+  try {
+    load_safetensors(path_);
+    ADD_FAILURE() << "no exception";
+  } catch (const c10::Error& e) {
+    const std::string message = e.msg();
+    EXPECT_THAT(message, HasSubstr("tensor 'w' has a bad shape [-1,-1,-1,"));
+    EXPECT_THAT(message, HasSubstr("..."));
+    EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+  }
+  expect_error(make_file(R"({"__metadata__":{"m":")" + std::string(1'000'000, 'x') + "\"}, \"__metadata__x\": 1}", ""),
+               "the header entry of tensor '__metadata__x' is not a JSON object but 1");
+  expect_error(make_file(R"({"__metadata__":{"m":[")" + std::string(1'000'000, 'x') + "\"]}}", ""),
+               "'m' holds [\"xxxxxxxx");
+}
+
+TEST_F(SafetensorsCorruptFileTest, HeaderPaddingFollowsPythonsReader) {
+  const std::string entry = R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  // Spaces (what writers pad with), tabs and newlines around the JSON are whitespace...
+  for (const std::string& padded : {entry + "   ", "  " + entry, entry + "\n\t\r "}) {
+    write_raw_file(path_, make_file(padded, "x"));
+    EXPECT_EQ(load_safetensors(path_).size(), 1u) << padded;
+  }
+  // ... a NUL byte is not: nlohmann stops reading at one, Python's reader refuses it.
+  expect_error(make_file(entry + std::string(3, '\0'), "x"), "a NUL byte at offset 53");
+  expect_error(make_file(entry + std::string("\0junk", 5), "x"), "a NUL byte at offset 53");
+}
+
+TEST_F(SafetensorsCorruptFileTest, NullMetadataIsNoMetadata) {
+  write_raw_file(path_, make_file(R"({"__metadata__":null,"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"));
+  EXPECT_EQ(load_safetensors(path_).size(), 1u);
+  EXPECT_TRUE(load_safetensors_metadata(path_).empty());
+  expect_error(make_file(R"({"__metadata__":"pt"})", ""), "\"__metadata__\" is not a JSON object (or null) but \"pt\"");
+}
+
+TEST_F(SafetensorsCorruptFileTest, DuplicateFieldsFollowPythonsReader) {
+  // Refused, as serde refuses a struct field given twice.
+  expect_error(make_file(R"({"__metadata__":{},"__metadata__":{}})", ""), "the header has \"__metadata__\" twice");
+  expect_error(make_file(R"({"w":{"dtype":"F32","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"),
+               "the header entry of tensor 'w' has \"dtype\" twice");
+  expect_error(make_file(R"({"w":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]}})", "x"),
+               "has \"shape\" twice");
+  // Kept, the last one winning: a tensor name, a metadata key, a field the format does not know.
+  write_raw_file(path_, make_file(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                                  R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1,"x":2},)"
+                                  R"("__metadata__":{"k":"1","k":"2"}})", "x"));
+  const auto loaded = load_safetensors(path_);
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].second.sizes(), at::IntArrayRef({1}));
+  EXPECT_EQ(load_safetensors_metadata(path_), (std::map<std::string, std::string>{{"k", "2"}}));
 }
 
 TEST_F(SafetensorsCorruptFileTest, UnknownDtype) {
@@ -646,3 +723,113 @@ except ImportError:
 }
 
 }  // namespace
+
+namespace {
+
+// Hand-made headers on the edges of the format, each paired with a short name. The interop test
+// below feeds the same bytes to Python's safetensors and to load_safetensors.
+std::vector<std::pair<std::string, std::string>> edge_case_files() {
+  const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  const std::string four(4, '\0');
+  const auto nested = [](std::size_t levels) {
+    return R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":)" + std::string(levels, '[') +
+           std::string(levels, ']') + "}}";
+  };
+  return {
+      {"nul_padding", make_file("{" + w + "}" + std::string(3, '\0'), four)},
+      {"nul_then_text", make_file("{" + w + "}" + std::string("\0xyz", 4), four)},
+      {"space_padding", make_file("{" + w + "}   ", four)},
+      {"leading_spaces", make_file("   {" + w + "}", four)},
+      {"tab_newline_padding", make_file("{" + w + "}\t\n\r ", four)},
+      {"metadata_null", make_file(R"({"__metadata__":null,)" + w + "}", four)},
+      {"metadata_number", make_file(R"({"__metadata__":{"a":1},)" + w + "}", four)},
+      {"metadata_twice", make_file(R"({"__metadata__":{},"__metadata__":{},)" + w + "}", four)},
+      {"metadata_key_twice", make_file(R"({"__metadata__":{"a":"1","a":"2"}})", "")},
+      {"tensor_twice", make_file("{" + w + ",\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                                 std::string(8, '\0'))},
+      {"dtype_twice", make_file(R"({"w":{"dtype":"F16","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"unknown_field_twice", make_file(R"({"w":{"x":1,"x":2,"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"unknown_field", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[{"y":2}]}})", four)},
+      {"number_overflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":-1e400}})", four)},
+      {"number_underflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e-400}})", four)},
+      {"shape_minus_zero", make_file(R"({"w":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", "")},
+      {"shape_float", make_file(R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four)},
+      {"shape_exponent", make_file(R"({"w":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})", four)},
+      {"shape_null", make_file(R"({"w":{"dtype":"F32","shape":null,"data_offsets":[0,0]}})", "")},
+      {"shape_2_64", make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}})", four)},
+      {"numel_overflow", make_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "")},
+      {"three_offsets", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,4]}})", four)},
+      {"offsets_object", make_file(R"({"w":{"dtype":"F32","shape":[],"data_offsets":{"0":0}}})", four)},
+      {"lone_surrogate", make_file(R"({"\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"escaped_nul_in_name", make_file(R"({"a\u0000b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"empty_header", make_file("", "")},
+      {"empty_object", make_file("{}", "")},
+      {"byte_order_mark", make_file("\xef\xbb\xbf{}", "")},
+      {"invalid_utf8_padding", make_file("{}\xff", "")},
+      {"comment", make_file("{/*x*/}", "")},
+      {"lowercase_dtype", make_file(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"tensor_null", make_file(R"({"w":null})", "")},
+      {"two_empty_tensors", make_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                                      R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", "")},
+      {"fp8_fnuz_and_e8m0", make_file(R"({"a":{"dtype":"F8_E4M3FNUZ","shape":[2],"data_offsets":[0,2]},)"
+                                      R"("b":{"dtype":"F8_E5M2FNUZ","shape":[1],"data_offsets":[2,3]},)"
+                                      R"("c":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[3,4]}})", "\x01\x02\x03\x7f")},
+      {"nested_127", make_file(nested(125), four)},
+      {"nested_128", make_file(nested(126), four)},
+      {"nested_100000", make_file(nested(100'000), four)},
+  };
+}
+
+// "OK a[2] b[]" (names and shapes, by name) or "FAIL": what a reader made of a file.
+std::string cpp_verdict(const std::string& path) {
+  try {
+    auto loaded = load_safetensors(path);
+    std::sort(loaded.begin(), loaded.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string out = "OK";
+    for (const auto& [name, tensor] : loaded) {
+      out += " " + name + "[";
+      for (std::size_t i = 0; i < tensor.sizes().size(); ++i) out += (i ? "," : "") + std::to_string(tensor.size(i));
+      out += "]";
+    }
+    return out;
+  } catch (const c10::Error&) {
+    return "FAIL";
+  }
+}
+
+}  // namespace
+
+TEST(SafetensorsInteropTest, AcceptsAndRefusesTheSameFilesAsPython) {
+  TempDir dir;
+  std::string python;
+  MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, "torch, safetensors.torch", dir.path());
+  const auto cases = edge_case_files();
+  for (const auto& [name, bytes] : cases) write_raw_file(dir.file(name + ".safetensors"), bytes);
+  const std::string script = R"PY(
+import os, sys
+from safetensors.torch import load_file
+for entry in sorted(os.listdir(sys.argv[1])):
+    if not entry.endswith(".safetensors"):
+        continue
+    try:
+        loaded = load_file(os.path.join(sys.argv[1], entry))
+        parts = ["%s[%s]" % (k, ",".join(str(d) for d in loaded[k].shape)) for k in sorted(loaded)]
+        verdict = " ".join(["OK"] + parts)
+    except Exception:
+        verdict = "FAIL"
+    print("VERDICT", entry[: -len(".safetensors")], verdict, sep="\t")
+)PY";
+  const auto result = mantissa_test::run_python(python, script, dir.path(), dir.path());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::map<std::string, std::string> python_verdicts;
+  std::istringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("VERDICT\t", 0) != 0) continue;
+    const auto tab = line.find('\t', 8);
+    python_verdicts[line.substr(8, tab - 8)] = line.substr(tab + 1);
+  }
+  ASSERT_EQ(python_verdicts.size(), cases.size()) << result.output;
+  for (const auto& [name, bytes] : cases) {
+    EXPECT_EQ(cpp_verdict(dir.file(name + ".safetensors")), python_verdicts[name]) << name;
+  }
+}

@@ -31,6 +31,7 @@ using mantissa::TrainerCallback;
 using mantissa::TrainerControl;
 using mantissa::TrainerState;
 using mantissa::TrainingArguments;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -528,6 +529,38 @@ print("state", json.load(open(d + "/trainer_state.json"))["global_step"])
   EXPECT_THAT(result.output, HasSubstr("scheduler 4"));
   EXPECT_THAT(result.output, HasSubstr("rng torch.uint8 True"));
   EXPECT_THAT(result.output, HasSubstr("state 4"));
+}
+
+TEST(TrainerTest, DeeplyNestedCheckpointFilesAreRefusedWithoutCrashing) {
+  // A 100k-deep value used to overflow the stack in the error message (nlohmann's recursive
+  // dump()); now the nesting is refused before parsing, and resuming names the file.
+  const std::string open(100'000, '['), close(100'000, ']');
+  EXPECT_THAT([&] { TrainerState::from_json(R"({"epoch":0,"global_step":0,"log_history":[{"loss":)" + open + close + "}]}"); },
+              ThrowsMessage<c10::Error>(HasSubstr("trainer_state.json is not valid JSON: arrays and objects nest deeper")));
+
+  const auto dir = temp_dir();
+  auto args = base_args(dir).max_steps(4).save_strategy("steps").save_steps(4);
+  Trainer(make_model(), args, ToyDataset(50)).train();
+  const auto checkpoint = dir + "/checkpoint-4";
+  const auto write = [](const std::string& path, const std::string& bytes) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  const auto model_file = checkpoint + "/model.safetensors";
+  std::string header = "{\"a\":" + open + close + "}";
+  std::string model(8, '\0');
+  for (int i = 0; i < 8; ++i) model[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write(model_file, model + header);
+  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr("'" + model_file + "'"), HasSubstr("nest deeper than 127"))));
+
+  const auto state_file = checkpoint + "/trainer_state.json";
+  write(state_file, R"({"epoch":0,"global_step":4,"best_metric":)" + open + close + "}");
+  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr("cannot load checkpoint file '" + state_file + "'"),
+                                              HasSubstr("nest deeper than 127"))));
 }
 
 TEST(TrainerTest, TrainerStateJsonRoundTrip) {

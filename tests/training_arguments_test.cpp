@@ -970,8 +970,10 @@ TEST(TrainingArgumentsTest, FromJsonRejectsWrongTypes) {
       {R"({"max_steps": 18446744073709551615})",
        "max_steps: 18446744073709551615 is out of range for a 64-bit integer"},
   };
-  for (const auto& [text, message] : cases) {
-    EXPECT_THAT(value_error([&] { TrainingArguments::from_json(text); }), HasSubstr(message))
+  // No structured binding: clang before 16 cannot capture one in a lambda (the asan build).
+  for (const auto& test_case : cases) {
+    const std::string& text = test_case.first;
+    EXPECT_THAT(value_error([&] { TrainingArguments::from_json(text); }), HasSubstr(test_case.second))
         << text;
   }
 }
@@ -981,6 +983,46 @@ TEST(TrainingArgumentsTest, FromJsonRejectsMalformedJson) {
               HasSubstr("from_json: not valid JSON"));
   EXPECT_THAT(value_error([] { TrainingArguments::from_json("[1, 2]"); }),
               HasSubstr("expected a JSON object of TrainingArguments fields, got array"));
+  // An out_of_range error of nlohmann's, not a parse error, and once not caught at all.
+  EXPECT_THAT(value_error([] { TrainingArguments::from_json(R"({"learning_rate": 1e400})"); }),
+              HasSubstr("from_json: not valid JSON: [json.exception.out_of_range.406] number overflow"));
+}
+
+TEST(TrainingArgumentsTest, FromJsonRefusesDeepNestingWithoutCrashing) {
+  // The type error for "seed" used to print the value with nlohmann's recursive dump(), which
+  // overflowed the stack at this depth. The nesting is now refused before parsing.
+  const std::string deep = R"({"seed": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  EXPECT_THAT(value_error([&] { TrainingArguments::from_json(deep); }),
+              HasSubstr("from_json: not valid JSON: arrays and objects nest deeper than 127 levels"));
+  TempDir dir;
+  const std::string path = dir.file("training_args.json");
+  write_text(path, deep);
+  const std::string message = value_error([&] { TrainingArguments::load_json(path); });
+  EXPECT_THAT(message, HasSubstr(path));
+  EXPECT_THAT(message, HasSubstr("nest deeper than 127 levels"));
+}
+
+TEST(TrainingArgumentsTest, FromJsonRefusesNulBytes) {
+  // nlohmann stops at a NUL and took the rest of the file for padding; Python's json refuses it.
+  EXPECT_THAT(value_error([] { TrainingArguments::from_json(std::string("{\"seed\": 1}\0{junk", 17)); }),
+              HasSubstr("from_json: not valid JSON: a NUL byte at offset 11"));
+}
+
+TEST(TrainingArgumentsTest, FromJsonMessagesStayShort) {
+  std::string long_list = R"({"seed": [)";
+  for (int i = 0; i < 100'000; ++i) long_list += i ? ",7" : "7";
+  long_list += "]}";
+  const std::string e1 = value_error([&] { TrainingArguments::from_json(long_list); });
+  EXPECT_THAT(e1, HasSubstr("seed: expected an integer, got [7,7,7,"));
+  EXPECT_LT(e1.size(), 300u);
+
+  std::string many_keys = "{";
+  for (int i = 0; i < 1000; ++i) many_keys += (i ? ",\"" : "\"") + std::string(200, 'k') + std::to_string(i) + "\":1";
+  many_keys += "}";
+  const std::string e2 = value_error([&] { TrainingArguments::from_json(many_keys); });
+  EXPECT_THAT(e2, HasSubstr("unknown keys '" + std::string(60, 'k') + "...'"));
+  EXPECT_THAT(e2, HasSubstr(" and 995 more: TrainingArguments has no such field"));
+  EXPECT_LT(e2.size(), 600u);
 }
 
 TEST(TrainingArgumentsTest, FromJsonValidatesUnlessAskedNot) {

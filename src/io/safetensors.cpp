@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -21,6 +22,7 @@
 #include <unordered_map>
 
 #include "io/atomic_file.h"
+#include "io/json_reader.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "mantissa's safetensors reader and writer assume a little-endian host"
@@ -39,7 +41,8 @@ struct DtypeName {
   c10::ScalarType type;
 };
 
-// safetensors' dtype codes and their torch types (safetensors/torch.py _TYPES).
+// safetensors' dtype codes and their torch types: those Python's safetensors 0.8 loads into
+// torch (its load_file), except F4, which torch packs two to a byte with a halved shape.
 constexpr DtypeName kDtypes[] = {
     {"F64", c10::ScalarType::Double},
     {"F32", c10::ScalarType::Float},
@@ -56,6 +59,9 @@ constexpr DtypeName kDtypes[] = {
     {"U16", c10::ScalarType::UInt16},
     {"F8_E4M3", c10::ScalarType::Float8_e4m3fn},
     {"F8_E5M2", c10::ScalarType::Float8_e5m2},
+    {"F8_E4M3FNUZ", c10::ScalarType::Float8_e4m3fnuz},
+    {"F8_E5M2FNUZ", c10::ScalarType::Float8_e5m2fnuz},
+    {"F8_E8M0", c10::ScalarType::Float8_e8m0fnu},
     {"C64", c10::ScalarType::ComplexFloat},
 };
 
@@ -162,9 +168,38 @@ class ReadOnlyFile {
 
 std::uint64_t as_offset(const nlohmann::json& value) { return value.get<std::uint64_t>(); }
 
+// nlohmann keeps the last of two equal keys; Python's reader (serde) does that for tensor names
+// and metadata entries but refuses a second "__metadata__" and a second "dtype", "shape" or
+// "data_offsets" in one tensor's entry. This parser callback refuses the same.
+nlohmann::json::parser_callback_t duplicate_field_check(const std::string& path) {
+  struct Seen {
+    std::string top_key;  // the top-level key whose value is being read
+    bool metadata = false;
+    std::set<std::string> fields;
+  };
+  auto seen = std::make_shared<Seen>();
+  return [path, seen](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event != nlohmann::json::parse_event_t::key) return true;
+    const auto& key = parsed.get_ref<const std::string&>();
+    if (depth == 1) {
+      if (key == kMetadataKey) {
+        MANTISSA_CHECK_FILE(!seen->metadata, "the header has \"", kMetadataKey, "\" twice");
+        seen->metadata = true;
+      }
+      seen->top_key = key;
+      seen->fields.clear();
+    } else if (depth == 2 && seen->top_key != kMetadataKey &&
+               (key == "dtype" || key == "shape" || key == "data_offsets")) {
+      MANTISSA_CHECK_FILE(seen->fields.insert(key).second, "the header entry of tensor '",
+                          seen->top_key, "' has \"", key, "\" twice");
+    }
+    return true;
+  };
+}
+
 Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& info) {
   MANTISSA_CHECK_FILE(info.is_object(), "the header entry of tensor '", name,
-                      "' is not a JSON object but ", info.dump());
+                      "' is not a JSON object but ", describe_json(info));
   const auto dtype_it = info.find("dtype");
   const auto shape_it = info.find("shape");
   const auto offsets_it = info.find("data_offsets");
@@ -187,13 +222,13 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
         dim.is_number_unsigned() &&
             dim.get<std::uint64_t>() <=
                 static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-        "tensor '", name, "' has a bad shape ", shape_it->dump(),
+        "tensor '", name, "' has a bad shape ", describe_json(*shape_it),
         " (sizes must be non-negative integers)");
     entry.shape.push_back(static_cast<std::int64_t>(dim.get<std::uint64_t>()));
   }
   MANTISSA_CHECK_FILE(offsets_it->size() == 2 && (*offsets_it)[0].is_number_unsigned() &&
                           (*offsets_it)[1].is_number_unsigned(),
-                      "tensor '", name, "' has bad data_offsets ", offsets_it->dump(),
+                      "tensor '", name, "' has bad data_offsets ", describe_json(*offsets_it),
                       " (two non-negative integers [begin, end] expected)");
   entry.begin = as_offset((*offsets_it)[0]);
   entry.end = as_offset((*offsets_it)[1]);
@@ -218,8 +253,8 @@ Header read_header(const ReadOnlyFile& file, const std::string& path) {
   file.read_exactly(text.data(), header_length, 8, "the header");
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    doc = parse_json_text<nlohmann::json>(text, kMaxJsonDepth, duplicate_field_check(path));
+  } catch (const JsonTextError& e) {
     MANTISSA_CHECK_FILE(false, "the header is not valid JSON: ", e.what());
   }
   MANTISSA_CHECK_FILE(doc.is_object(), "the header is not a JSON object but ", doc.type_name());
@@ -228,11 +263,14 @@ Header read_header(const ReadOnlyFile& file, const std::string& path) {
   header.data_start = 8 + header_length;
   for (const auto& item : doc.items()) {
     if (item.key() == kMetadataKey) {
-      MANTISSA_CHECK_FILE(item.value().is_object(), "\"", kMetadataKey, "\" is not a JSON object");
+      // Python's reader takes null for "no metadata" (an Option in its Rust struct).
+      if (item.value().is_null()) continue;
+      MANTISSA_CHECK_FILE(item.value().is_object(), "\"", kMetadataKey,
+                          "\" is not a JSON object (or null) but ", describe_json(item.value()));
       for (const auto& meta : item.value().items()) {
         MANTISSA_CHECK_FILE(meta.value().is_string(), "\"", kMetadataKey,
                             "\" must map strings to strings, but '", meta.key(), "' holds ",
-                            meta.value().dump());
+                            describe_json(meta.value()));
         header.metadata.emplace(meta.key(), meta.value().get<std::string>());
       }
       continue;

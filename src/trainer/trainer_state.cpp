@@ -11,6 +11,7 @@
 #include <mantissa/trainer_callback.h>
 
 #include "io/json_number.h"
+#include "io/json_reader.h"
 
 namespace mantissa {
 namespace {
@@ -34,7 +35,7 @@ double to_double(const json& value, const std::string& key) {
     if (text == "Infinity") return INFINITY;
     if (text == "-Infinity") return -INFINITY;
   }
-  TORCH_CHECK(false, "trainer_state.json: log_history value of '", key, "' is not a number: ", value.dump());
+  TORCH_CHECK(false, "trainer_state.json: log_history value of '", key, "' is not a number: ", io::describe_json(value));
 }
 
 // An integer field of `object`, or `fallback` when it is absent (an absent field without a
@@ -121,8 +122,8 @@ std::string TrainerState::to_json() const {
 TrainerState TrainerState::from_json(const std::string& text) {
   json doc;
   try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
+    doc = io::parse_json_text<json>(text);
+  } catch (const io::JsonTextError& e) {
     TORCH_CHECK(false, "trainer_state.json is not valid JSON: ", e.what());
   }
   TORCH_CHECK(doc.is_object(), "trainer_state.json must hold a JSON object");
