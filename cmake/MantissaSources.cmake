@@ -38,6 +38,10 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/checkpoint.cpp
   src/trainer/metrics_log.cpp
   src/trainer/resume_check.cpp
+  src/trainer/run_schedule.cpp
+  src/trainer/interval_policy.cpp
+  src/trainer/loss_window.cpp
+  src/trainer/optimizer_factory.cpp
   src/trainer/trainer.cpp
 )
 # CPU kernels compiled once per instruction set with their own flags, and without the PCH
