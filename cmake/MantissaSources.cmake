@@ -35,12 +35,19 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
   src/trainer/progress.cpp
-  src/trainer/schedule.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
   src/trainer/metrics_log.cpp
   src/trainer/resume_check.cpp
+  src/trainer/run_schedule.cpp
+  src/trainer/interval_policy.cpp
+  src/trainer/loss_window.cpp
+  src/trainer/optimizer_factory.cpp
+  src/trainer/eager_engine.cpp
+  src/trainer/graph_engine.cpp
+  src/trainer/evaluation.cpp
   src/trainer/trainer.cpp
+  src/trainer/trainer_loop.cpp
 )
 # CPU kernels compiled once per instruction set with their own flags, and without the PCH
 # (cmake/MantissaCpuKernels.cmake); the library picks one at run time.

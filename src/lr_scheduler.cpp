@@ -12,9 +12,14 @@
 #include "io/torch_save.h"
 
 namespace mantissa {
+
+namespace detail {
+enum class LrSchedule : int { kLinear, kCosine, kConstant, kConstantWithWarmup };
+}  // namespace detail
+
 namespace {
 
-enum class Schedule { kLinear, kCosine, kConstant, kConstantWithWarmup };
+using Schedule = detail::LrSchedule;
 
 // Python's math.pi.
 constexpr double kPi = 3.141592653589793;
@@ -103,9 +108,9 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
                          std::int64_t num_warmup_steps, std::int64_t num_training_steps)
     : optimizer_(&optimizer),
       type_(std::move(type)),
+      schedule_(parse_schedule(type_)),
       num_warmup_steps_(num_warmup_steps),
       num_training_steps_(num_training_steps) {
-  parse_schedule(type_);
   check_steps(num_warmup_steps_, num_training_steps_);
   TORCH_CHECK(!optimizer.param_groups().empty(), "LrScheduler: the optimizer has no param groups");
   for (const auto& group : optimizer.param_groups()) base_lrs_.push_back(group.options().get_lr());
@@ -115,7 +120,8 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
 }
 
 LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
-    : optimizer_(&optimizer), type_("lambda"), lr_lambda_(std::move(lr_lambda)), num_warmup_steps_(0),
+    : optimizer_(&optimizer), type_("lambda"), schedule_(Schedule::kConstant),
+      lr_lambda_(std::move(lr_lambda)), num_warmup_steps_(0),
       num_training_steps_(0) {
   TORCH_CHECK_VALUE(static_cast<bool>(lr_lambda_), "LrScheduler: the lr_lambda is empty");
   TORCH_CHECK(!optimizer.param_groups().empty(), "LrScheduler: the optimizer has no param groups");
@@ -126,7 +132,7 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
 
 double LrScheduler::factor_at(std::int64_t step) const {
   if (lr_lambda_) return lr_lambda_(step);
-  return factor(parse_schedule(type_), step, num_warmup_steps_, num_training_steps_);
+  return factor(schedule_, step, num_warmup_steps_, num_training_steps_);
 }
 
 void LrScheduler::step() {

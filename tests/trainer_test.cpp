@@ -20,7 +20,7 @@
 #include "io_test_util.h"
 #include "test_util.h"
 #include "trainer/checkpoint.h"
-#include "trainer/schedule.h"
+#include "trainer/run_schedule.h"
 
 namespace {
 
@@ -367,34 +367,31 @@ TEST(RunScheduleTest, StepsAndEpochsFromTheArguments) {
   using mantissa::detail::make_run_schedule;
   const auto args =
       TrainingArguments().per_device_train_batch_size(8).gradient_accumulation_steps(3);
-  auto s = make_run_schedule(TrainingArguments(args).num_train_epochs(2.5), 100);
+  auto s = make_run_schedule(100, TrainingArguments(args).num_train_epochs(2.5));
   EXPECT_EQ(s.batches_per_epoch, 13);  // ceil(100 / 8)
   EXPECT_EQ(s.updates_per_epoch, 5);   // ceil(13 / 3)
   EXPECT_EQ(s.max_steps, 13);          // ceil(2.5 * 5)
   EXPECT_EQ(s.num_epochs, 3);
-  s = make_run_schedule(TrainingArguments(args).max_steps(11), 100);
+  s = make_run_schedule(100, TrainingArguments(args).max_steps(11));
   EXPECT_EQ(s.max_steps, 11);
   EXPECT_EQ(s.num_epochs, 3);  // ceil(11 / 5)
-  s = make_run_schedule(TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1),
-                        100);
+  s = make_run_schedule(100, TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1));
   EXPECT_EQ(s.batches_per_epoch, 12);
   EXPECT_EQ(s.updates_per_epoch, 4);
 
   const int64_t max = std::numeric_limits<int64_t>::max();
-  s = make_run_schedule(TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1),
-                        100);
+  s = make_run_schedule(100, TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1));
   EXPECT_EQ(s.batches_per_epoch, 1);
   EXPECT_EQ(s.max_steps, 1);
-  s = make_run_schedule(TrainingArguments().per_device_train_batch_size(1).max_steps(max), 10);
+  s = make_run_schedule(10, TrainingArguments().per_device_train_batch_size(1).max_steps(max));
   EXPECT_EQ(s.num_epochs, max / 10 + 1);  // ceil, without the overflow of (a + b - 1) / b
   EXPECT_THAT(
       [&] {
-        make_run_schedule(TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17),
-                          100);
+        make_run_schedule(100, TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17));
       },
       ThrowsMessage<c10::ValueError>(
           HasSubstr("--num_train_epochs 1e+17 of 100 optimizer steps each")));
-  EXPECT_THAT([&] { make_run_schedule(TrainingArguments(), 0); },
+  EXPECT_THAT([&] { make_run_schedule(0, TrainingArguments()); },
               ThrowsMessage<c10::ValueError>(HasSubstr("the training dataset is empty")));
 }
 

@@ -40,7 +40,7 @@ def load_train(data_dir=FASHION_MNIST_DIR):
 
 def epoch_order(n, seed):
     """The Trainer's order of epoch 0: randperm(n) from a CPU generator seeded with data_seed
-    (= seed), as src/trainer/trainer.cpp draws it."""
+    (= seed), as src/trainer/trainer_loop.cpp draws it."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 

@@ -13,6 +13,11 @@
 
 namespace mantissa {
 
+namespace detail {
+/// A named schedule parsed from its string (defined in lr_scheduler.cpp).
+enum class LrSchedule : int;
+}  // namespace detail
+
 /// The multiplier of the base learning rate at `step` for the Hugging Face schedule `type`:
 ///
 /// - "constant": 1 (`get_constant_schedule`);
@@ -117,6 +122,7 @@ class LrScheduler {
 
   torch::optim::Optimizer* optimizer_;
   std::string type_;
+  detail::LrSchedule schedule_;  // `type_` parsed once; unused for a lambda schedule
   LrLambda lr_lambda_;
   std::int64_t num_warmup_steps_;
   std::int64_t num_training_steps_;

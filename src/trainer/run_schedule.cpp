@@ -1,4 +1,4 @@
-#include "trainer/schedule.h"
+#include "trainer/run_schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 namespace mantissa::detail {
 
-RunSchedule make_run_schedule(const TrainingArguments& args, std::size_t dataset_size) {
+RunSchedule make_run_schedule(std::size_t dataset_size, const TrainingArguments& args) {
   TORCH_CHECK_VALUE(dataset_size > 0,
                     "the training dataset is empty: there is nothing to train on");
   TORCH_CHECK_VALUE(dataset_size <= static_cast<std::size_t>(kMaxCount),
@@ -23,6 +23,9 @@ RunSchedule make_run_schedule(const TrainingArguments& args, std::size_t dataset
                     ") is larger than the training dataset (", n,
                     " examples) and dataloader_drop_last is set: no batch would be produced");
   RunSchedule s;
+  s.num_examples = n;
+  s.batch_size = batch_size;
+  s.gradient_accumulation_steps = accumulation;
   s.batches_per_epoch = args.dataloader_drop_last() ? n / batch_size : ceil_div(n, batch_size);
   s.updates_per_epoch = std::max<std::int64_t>(ceil_div(s.batches_per_epoch, accumulation), 1);
   if (args.max_steps() > 0) {
@@ -58,6 +61,34 @@ RunSchedule make_run_schedule(const TrainingArguments& args, std::size_t dataset
                       kMaxCount, ")");
   }
   return s;
+}
+
+GroupPosition RunSchedule::group_of(std::int64_t b) const {
+  const auto accumulation = gradient_accumulation_steps;
+  GroupPosition p;
+  p.group_start = (b / accumulation) * accumulation;
+  p.in_group = std::min(accumulation, batches_per_epoch - p.group_start);
+  p.boundary = b == p.group_start + p.in_group - 1;
+  return p;
+}
+
+std::vector<std::size_t> RunSchedule::batch_indices(const std::int64_t* order,
+                                                    std::int64_t b) const {
+  std::vector<std::size_t> indices;
+  const auto begin = b * batch_size;  // < num_examples: b < batches_per_epoch
+  for (auto i = begin; i < begin + std::min(batch_size, num_examples - begin); ++i) {
+    indices.push_back(static_cast<std::size_t>(order[i]));
+  }
+  return indices;
+}
+
+double RunSchedule::fractional_epoch(std::int64_t epoch, std::int64_t b) const {
+  return static_cast<double>(epoch) +
+         static_cast<double>(b + 1) / static_cast<double>(batches_per_epoch);
+}
+
+RunShape RunSchedule::run_shape() const {
+  return {batches_per_epoch, updates_per_epoch, gradient_accumulation_steps, batch_size};
 }
 
 }  // namespace mantissa::detail

@@ -1,0 +1,59 @@
+#pragma once
+// When the loop logs, evaluates and saves: HF's IntervalStrategy / SaveStrategy, parsed once,
+// and the decision of its DefaultFlowCallback at step N. Pure functions of the arguments and
+// the state, tested without training (tests/interval_policy_test.cpp).
+
+#include <string>
+
+#include <mantissa/trainer_callback.h>
+#include <mantissa/training_arguments.h>
+
+namespace mantissa::detail {
+
+/// `logging_strategy`, `eval_strategy`, `save_strategy`. Python:
+/// `transformers.trainer_utils.IntervalStrategy` and `SaveStrategy` (`kBest`: save strategy only).
+enum class IntervalStrategy { kNo, kSteps, kEpoch, kBest };
+
+/// "no", "steps", "epoch", "best" as an enum; anything else raises `c10::ValueError` naming
+/// `field` (TrainingArguments::validate has already refused such values).
+IntervalStrategy parse_interval_strategy(const std::string& value, const char* field);
+
+/// The strategies of one run, parsed once from the arguments. The step intervals are read
+/// from `TrainerState` (`logging_steps`, `eval_steps`, `save_steps`), where ratios are
+/// already resolved into steps, as HF does.
+struct IntervalPolicy {
+  /// `logging_strategy`.
+  IntervalStrategy logging = IntervalStrategy::kSteps;
+  /// `eval_strategy`.
+  IntervalStrategy evaluation = IntervalStrategy::kNo;
+  /// `save_strategy` (the only one that may be `kBest`).
+  IntervalStrategy saving = IntervalStrategy::kSteps;
+  /// Log after the first update too (`logging_first_step`).
+  bool logging_first_step = false;
+};
+
+/// The policy for `args`.
+IntervalPolicy make_interval_policy(const TrainingArguments& args);
+
+/// What is due at `state.global_step`.
+struct IntervalDecision {
+  /// Write the training log line (`control.should_log`).
+  bool log = false;
+  /// Run the evaluation (`control.should_evaluate`).
+  bool evaluate = false;
+  /// Write a checkpoint (`control.should_save`).
+  bool save = false;
+};
+
+/// What the intervals ask for after an update (`epoch_end` false) or at the end of an epoch
+/// (`epoch_end` true). Python: `DefaultFlowCallback.on_step_end` / `on_epoch_end`. A step
+/// interval of 0 or less is never due. `kBest` saves are decided after the evaluation
+/// (`save_after_evaluation`), not here.
+IntervalDecision decide_intervals(const IntervalPolicy& policy, const TrainerState& state,
+                                  bool epoch_end);
+
+/// Whether an evaluation that improved the best metric (`improved`) asks for a checkpoint:
+/// `save_strategy` best. Python: `Trainer._determine_best_metric` -> `control.should_save`.
+bool save_after_evaluation(const IntervalPolicy& policy, bool improved);
+
+}  // namespace mantissa::detail
