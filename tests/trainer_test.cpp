@@ -19,6 +19,7 @@
 
 #include "io_test_util.h"
 #include "test_util.h"
+#include "toy_training.h"
 #include "trainer/checkpoint.h"
 #include "trainer/run_schedule.h"
 
@@ -35,25 +36,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-// A fixed 4-class problem: y = argmax(x W) for a fixed W.
-class ToyDataset : public torch::data::datasets::BatchDataset<ToyDataset, Batch> {
- public:
-  explicit ToyDataset(int64_t n, uint64_t seed = 0) {
-    auto gen = at::detail::createCPUGenerator(seed);
-    x_ = torch::randn({n, 8}, gen);
-    const auto w = torch::randn({8, 4}, gen);
-    y_ = x_.matmul(w).argmax(1);
-  }
-  Batch get_batch(c10::ArrayRef<size_t> indices) override {
-    auto index = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
-    return {x_.index_select(0, index), y_.index_select(0, index)};
-  }
-  torch::optional<size_t> size() const override { return static_cast<size_t>(x_.size(0)); }
-
- private:
-  torch::Tensor x_;
-  torch::Tensor y_;
-};
+using mantissa_test::ToyDataset;
 
 struct MlpImpl : torch::nn::Module {
   torch::nn::Linear fc1{8, 16};
@@ -76,18 +59,8 @@ Mlp make_model(uint64_t seed = 1) {
 // Kept after the test (a run's output folder is worth a look when a test fails).
 std::string temp_dir() { return mantissa::io::make_temp_directory(::testing::TempDir(), "mantissa-trainer-"); }
 
-TrainingArguments base_args(const std::string& output_dir) {
-  return TrainingArguments()
-      .output_dir(output_dir)
-      .per_device_train_batch_size(8)
-      .per_device_eval_batch_size(16)
-      .learning_rate(1e-2)
-      .logging_steps(5)
-      .save_strategy("no")
-      .seed(7)
-      .use_cpu(true)  // the CPU suite; TrainerCudaTest below runs on the GPU
-      .disable_tqdm(true);
-}
+// The CPU suite's arguments (TrainerCudaTest below sets the GPU's).
+TrainingArguments base_args(const std::string& output_dir) { return mantissa_test::toy_args(output_dir); }
 
 std::vector<torch::Tensor> params_of(const Mlp& model) {
   std::vector<torch::Tensor> out;
