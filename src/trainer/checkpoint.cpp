@@ -152,16 +152,7 @@ std::string move_aside(const std::string& output_dir, const std::string& path, c
   return aside;
 }
 
-// The step in "<prefix>checkpoint-<step>-XXXXXX", the name of a folder `move_aside` made.
-std::optional<std::int64_t> step_of_aside(const std::string& name, const char* prefix) {
-  const auto rest = name.substr(std::char_traits<char>::length(prefix));
-  const auto dash = rest.rfind('-');
-  if (dash == std::string::npos || dash == 0) return std::nullopt;
-  const auto digits = rest.substr(0, dash);
-  if (!std::all_of(digits.begin(), digits.end(), ::isdigit) || digits.size() > 18) return std::nullopt;
-  return std::stoll(digits);
-}
-
+// The step in "checkpoint-<step>", or nullopt for any other name (or a step beyond int64).
 std::optional<std::int64_t> step_of(const std::string& name) {
   if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
   const auto digits = name.substr(std::char_traits<char>::length(kPrefix));
@@ -169,6 +160,16 @@ std::optional<std::int64_t> step_of(const std::string& name) {
     return std::nullopt;
   }
   return std::stoll(digits);
+}
+
+// The step of "<prefix>checkpoint-<step>-XXXXXX", a folder `move_aside` made: the checkpoint
+// name inside it, read by `step_of`.
+std::optional<std::int64_t> step_of_aside(const std::string& name, const char* prefix) {
+  const auto inner = name.substr(std::char_traits<char>::length(prefix) -
+                                 std::char_traits<char>::length(kPrefix));
+  const auto dash = inner.rfind('-');
+  if (dash == std::string::npos) return std::nullopt;
+  return step_of(inner.substr(0, dash));
 }
 
 }  // namespace
