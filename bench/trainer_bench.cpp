@@ -38,7 +38,7 @@
 #include <mantissa/amp/autocast.h>
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/clip_grad.h>
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/trainer.h>

@@ -3,6 +3,8 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/mantissa.h
   include/mantissa/version.h
   include/mantissa/arg.h
+  include/mantissa/choice.h
+  include/mantissa/argument_enums.h
   include/mantissa/training_arguments.h
   include/mantissa/amp/autocast.h
   include/mantissa/amp/tf32_guard.h
@@ -12,14 +14,21 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/amp/master_weights.h
   include/mantissa/optim/fused_adamw.h
   include/mantissa/io/safetensors.h
-  include/mantissa/io/filesystem.h
   include/mantissa/lr_scheduler.h
   include/mantissa/clip_grad.h
+  include/mantissa/batch.h
+  include/mantissa/precision_plan.h
   include/mantissa/trainer_callback.h
+  include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
 )
 set(MANTISSA_CXX_SOURCES
-  src/training_arguments.cpp
+  src/device_info.cpp
+  src/training_arguments/python_repr.cpp
+  src/training_arguments/cli.cpp
+  src/training_arguments/json.cpp
+  src/training_arguments/validate.cpp
+  src/training_arguments/derived.cpp
   src/amp/tf32_guard.cpp
   src/amp/unscale.cpp
   src/amp/grad_scaler.cpp

@@ -21,7 +21,7 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>

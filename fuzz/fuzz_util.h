@@ -12,7 +12,7 @@
 
 #include <c10/util/Exception.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 
 namespace mantissa_fuzz {
 

@@ -7,7 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/module.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
 
 #include "fuzz_util.h"

@@ -13,28 +13,14 @@
 
 namespace mantissa {
 
-namespace detail {
-enum class LrSchedule : int { kLinear, kCosine, kConstant, kConstantWithWarmup };
-}  // namespace detail
-
 namespace {
 
-using Schedule = detail::LrSchedule;
+using Schedule = SchedulerType;
 
 // Python's math.pi.
 constexpr double kPi = 3.141592653589793;
 // HF's get_cosine_schedule_with_warmup default.
 constexpr double kNumCycles = 0.5;
-
-Schedule parse_schedule(const std::string& type) {
-  if (type == "linear") return Schedule::kLinear;
-  if (type == "cosine") return Schedule::kCosine;
-  if (type == "constant") return Schedule::kConstant;
-  if (type == "constant_with_warmup") return Schedule::kConstantWithWarmup;
-  TORCH_CHECK_VALUE(false, type,
-                    " is not a valid SchedulerType, please select one of ['linear', 'cosine', "
-                    "'constant', 'constant_with_warmup']");
-}
 
 void check_steps(std::int64_t num_warmup_steps, std::int64_t num_training_steps) {
   TORCH_CHECK_VALUE(num_warmup_steps >= 0, "num_warmup_steps must be >= 0, got ", num_warmup_steps);
@@ -97,18 +83,18 @@ std::vector<double> as_double_list(const c10::IValue& value, const char* key) {
 
 }  // namespace
 
-double schedule_factor(const std::string& type, std::int64_t step, std::int64_t num_warmup_steps,
-                       std::int64_t num_training_steps) {
-  const Schedule schedule = parse_schedule(type);
+double schedule_factor(const Choice<SchedulerType>& type, std::int64_t step,
+                       std::int64_t num_warmup_steps, std::int64_t num_training_steps) {
+  const Schedule schedule = type.value();
   check_steps(num_warmup_steps, num_training_steps);
   return factor(schedule, step, num_warmup_steps, num_training_steps);
 }
 
-LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
+LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, const Choice<SchedulerType>& type,
                          std::int64_t num_warmup_steps, std::int64_t num_training_steps)
     : optimizer_(&optimizer),
-      type_(std::move(type)),
-      schedule_(parse_schedule(type_)),
+      type_(type.name()),
+      schedule_(type.value()),
       num_warmup_steps_(num_warmup_steps),
       num_training_steps_(num_training_steps) {
   check_steps(num_warmup_steps_, num_training_steps_);
@@ -120,7 +106,7 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, std::string type,
 }
 
 LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
-    : optimizer_(&optimizer), type_("lambda"), schedule_(Schedule::kConstant),
+    : optimizer_(&optimizer), type_("lambda"),
       lr_lambda_(std::move(lr_lambda)), num_warmup_steps_(0),
       num_training_steps_(0) {
   TORCH_CHECK_VALUE(static_cast<bool>(lr_lambda_), "LrScheduler: the lr_lambda is empty");

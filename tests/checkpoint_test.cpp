@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/trainer.h>
 
 #include "io/atomic_file.h"

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <c10/util/Exception.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 
 #include "io_test_util.h"
 

@@ -9,7 +9,7 @@ namespace {
 using mantissa::TrainerState;
 using mantissa::TrainingArguments;
 using mantissa::detail::decide_intervals;
-using mantissa::detail::IntervalStrategy;
+using mantissa::IntervalStrategy;
 using mantissa::detail::make_interval_policy;
 using mantissa::detail::save_after_evaluation;
 
@@ -28,10 +28,10 @@ TEST(IntervalPolicyTest, ParsesTheStrategiesOnce) {
       TrainingArguments().logging_strategy("epoch").eval_strategy("steps").save_strategy("best"));
   EXPECT_EQ(policy.logging, IntervalStrategy::kEpoch);
   EXPECT_EQ(policy.evaluation, IntervalStrategy::kSteps);
-  EXPECT_EQ(policy.saving, IntervalStrategy::kBest);
-  EXPECT_THAT([] { mantissa::detail::parse_interval_strategy("hourly", "save_strategy"); },
+  EXPECT_EQ(policy.saving, mantissa::SaveStrategy::kBest);
+  EXPECT_THAT([] { make_interval_policy(TrainingArguments().save_strategy("hourly")); },
               ::testing::ThrowsMessage<c10::ValueError>(
-                  ::testing::HasSubstr("save_strategy: hourly is not a valid IntervalStrategy")));
+                  ::testing::HasSubstr("hourly is not a valid SaveStrategy")));
 }
 
 TEST(IntervalPolicyTest, StepsStrategyIsDueOnMultiplesOnly) {

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 
 namespace mantissa_test {
 

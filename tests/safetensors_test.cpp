@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
 
 #include "io/atomic_file.h"

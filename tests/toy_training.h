@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/trainer.h>
 
 namespace mantissa_test {

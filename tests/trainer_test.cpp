@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include <mantissa/amp/grad_scaler.h>
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer.h>
 
@@ -457,7 +457,7 @@ TEST(TrainerTest, TrainingLearnsTheToyProblemInEachPrecision) {
     const auto after = trainer.evaluate().at("eval_accuracy");
     EXPECT_GT(after, 0.85) << "before training: " << before;
     if (m.rfind("bf16-model", 0) == 0) {
-      EXPECT_TRUE(trainer.precision_plan().master_weights);
+      EXPECT_EQ(trainer.precision_plan().weights, mantissa::WeightsMode::kFp32Masters);
       EXPECT_EQ(model->fc1->weight.scalar_type(), torch::kBFloat16);
     }
     if (m == "fp16") EXPECT_TRUE(trainer.precision_plan().loss_scaling);

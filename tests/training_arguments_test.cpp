@@ -499,7 +499,7 @@ TEST(TrainingArgumentsTest, HelpListsEveryFlagWithItsDefault) {
     EXPECT_THAT(entry, HasSubstr("(default: ")) << name;
   }
   EXPECT_THAT(help, HasSubstr("--learning_rate FLOAT"));
-  EXPECT_THAT(help, HasSubstr("The initial learning rate for the optimizer. (default: 5e-05)"));
+  EXPECT_THAT(help, HasSubstr("Peak learning rate, reached after warmup. (default: 5e-05)"));
   EXPECT_THAT(help, HasSubstr("(default: trainer_output)"));
   EXPECT_THAT(help, HasSubstr("(default: 3.0)"));
   EXPECT_THAT(help, HasSubstr("(default: 1e-08)"));

@@ -11,12 +11,9 @@
 #include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
-namespace mantissa {
+#include <mantissa/argument_enums.h>
 
-namespace detail {
-/// A named schedule parsed from its string (defined in lr_scheduler.cpp).
-enum class LrSchedule : int;
-}  // namespace detail
+namespace mantissa {
 
 /// The multiplier of the base learning rate at `step` for the Hugging Face schedule `type`:
 ///
@@ -30,11 +27,12 @@ enum class LrSchedule : int;
 ///   `num_cycles=0.5`).
 ///
 /// Computed with the same double operations in the same order as transformers, so the values
-/// are bit for bit those of Python. An unknown `type` throws `c10::ValueError` with HF's text
+/// are bit for bit those of Python. `type` is a `SchedulerType` or its spelling ("linear");
+/// an unknown spelling throws `c10::ValueError` with HF's text
 /// "foo is not a valid SchedulerType, please select one of ['linear', 'cosine', 'constant',
 /// 'constant_with_warmup']"; a negative `warmup` or `total` throws `c10::ValueError` naming it.
 /// Pure host arithmetic.
-double schedule_factor(const std::string& type, std::int64_t step, std::int64_t num_warmup_steps,
+double schedule_factor(const Choice<SchedulerType>& type, std::int64_t step, std::int64_t num_warmup_steps,
                        std::int64_t num_training_steps);
 
 /// A learning-rate scheduler over a LibTorch optimizer: Hugging Face's `get_scheduler(type,
@@ -56,8 +54,9 @@ class LrScheduler {
   /// Python: `transformers.get_scheduler(type, optimizer, num_warmup_steps, num_training_steps)`.
   /// Throws `c10::ValueError` for an unknown `type` (HF's text, see `schedule_factor`) or a
   /// negative step count, and `c10::Error` when the optimizer has no param groups.
-  LrScheduler(torch::optim::Optimizer& optimizer, std::string type, std::int64_t num_warmup_steps,
-              std::int64_t num_training_steps);
+  /// `type` is a `SchedulerType` or its spelling ("linear").
+  LrScheduler(torch::optim::Optimizer& optimizer, const Choice<SchedulerType>& type,
+              std::int64_t num_warmup_steps, std::int64_t num_training_steps);
 
   /// A learning-rate factor for step `step` (0 at construction), as LambdaLR's `lr_lambda`.
   using LrLambda = std::function<double(std::int64_t step)>;
@@ -122,7 +121,7 @@ class LrScheduler {
 
   torch::optim::Optimizer* optimizer_;
   std::string type_;
-  detail::LrSchedule schedule_;  // `type_` parsed once; unused for a lambda schedule
+  SchedulerType schedule_ = SchedulerType::kConstant;  // unused for a lambda schedule
   LrLambda lr_lambda_;
   std::int64_t num_warmup_steps_;
   std::int64_t num_training_steps_;

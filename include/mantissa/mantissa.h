@@ -4,6 +4,8 @@
 /// keep compile times down.
 #include <mantissa/version.h>
 #include <mantissa/arg.h>
+#include <mantissa/choice.h>
+#include <mantissa/argument_enums.h>
 #include <mantissa/training_arguments.h>
 #include <mantissa/amp/autocast.h>
 #include <mantissa/amp/tf32_guard.h>
@@ -13,8 +15,10 @@
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/io/safetensors.h>
-#include <mantissa/io/filesystem.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/clip_grad.h>
+#include <mantissa/batch.h>
+#include <mantissa/precision_plan.h>
 #include <mantissa/trainer_callback.h>
+#include <mantissa/trainer_hooks.h>
 #include <mantissa/trainer.h>

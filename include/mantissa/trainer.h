@@ -9,14 +9,14 @@
 #include <utility>
 #include <vector>
 
-#include <c10/util/ArrayRef.h>
-#include <torch/data/example.h>
-#include <torch/data/transforms/stack.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <mantissa/batch.h>
+#include <mantissa/precision_plan.h>
 #include <mantissa/trainer_callback.h>
+#include <mantissa/trainer_hooks.h>
 #include <mantissa/training_arguments.h>
 
 namespace mantissa {
@@ -24,62 +24,6 @@ namespace mantissa {
 namespace amp {
 class GradScaler;
 }
-class LrScheduler;
-
-/// A batch as the Trainer sees it: LibTorch's `Example<>` (`data`, `target`).
-using Batch = torch::data::Example<>;
-
-/// The Trainer's view of a dataset: how many examples, and how to gather a batch of them by
-/// index. Built from any LibTorch dataset by the Trainer's constructors; build one by hand for
-/// data that is not a `torch::data` dataset.
-struct BatchSource {
-  std::size_t size = 0;
-  std::function<Batch(c10::ArrayRef<std::size_t> indices)> get_batch;
-};
-
-/// Builds a `BatchSource` from a `torch::data` dataset: a batch dataset whose `get_batch`
-/// returns an `Example<>` (e.g. `dataset.map(Stack<>())`, or a custom `BatchDataset`), or an
-/// example dataset whose batches are stacked here. The dataset is moved into the source.
-template <typename Dataset>
-BatchSource make_batch_source(Dataset dataset) {
-  auto shared = std::make_shared<Dataset>(std::move(dataset));
-  const auto size = shared->size();
-  TORCH_CHECK_VALUE(size.has_value(), "the Trainer needs a dataset of known size");
-  BatchSource source;
-  source.size = *size;
-  source.get_batch = [shared](c10::ArrayRef<std::size_t> indices) -> Batch {
-    auto batch = shared->get_batch(indices);
-    if constexpr (std::is_same_v<decltype(batch), Batch>) {
-      return batch;
-    } else {
-      return torch::data::transforms::Stack<Batch>().apply_batch(std::move(batch));
-    }
-  };
-  return source;
-}
-
-/// How one run computes: decided from the arguments and the model's parameter dtype, logged
-/// once when training starts. See docs/trainer.md for the table of cases.
-struct PrecisionPlan {
-  /// dtype of the model's floating-point parameters when training starts.
-  c10::ScalarType param_dtype = c10::kFloat;
-  /// dtype matmuls and convs run in (fp32 when neither bf16 nor fp16 is in play).
-  c10::ScalarType compute_dtype = c10::kFloat;
-  /// Forward and loss under `amp::Autocast(device, compute_dtype)`.
-  bool autocast = false;
-  /// Dynamic (or static) loss scaling with `amp::GradScaler`: fp16 only.
-  bool loss_scaling = false;
-  /// With `loss_scaling`: the fixed scale of `--loss_scale`, or unset for dynamic scaling.
-  std::optional<double> static_loss_scale;
-  /// fp32 master copies of low-precision parameters (`amp::MasterWeights`).
-  bool master_weights = false;
-  /// Low-precision parameters updated in place, without masters.
-  bool pure_low_precision = false;
-  /// TF32 for fp32 matmuls/convs: set by `--tf32`, unset leaves LibTorch's setting alone.
-  std::optional<bool> tf32;
-  /// One line for the log: "bf16 autocast, fp32 weights, no loss scaling".
-  std::string describe() const;
-};
 
 /// What `Trainer::train()` returns. Python: `transformers.trainer_utils.TrainOutput`.
 struct TrainOutput {
@@ -110,23 +54,13 @@ struct TrainOutput {
 /// Move-only.
 class Trainer {
  public:
-  /// Computes the loss of one batch (called under autocast). Python: `Trainer.compute_loss`.
-  using LossFn = std::function<torch::Tensor(const Batch& batch)>;
-  /// Turns all evaluation predictions (logits, on the CPU) and targets into metrics.
-  /// Python: `compute_metrics(EvalPrediction)`. Keys get an `eval_` prefix when they lack one.
-  using MetricsFn = std::function<LogEntry(const torch::Tensor& predictions, const torch::Tensor& targets)>;
-  /// The model's forward pass, type-erased.
-  using ForwardFn = std::function<torch::Tensor(const torch::Tensor& input)>;
-  /// Builds the optimizer over the tensors the Trainer wants optimized (the fp32 masters when
-  /// the model is low-precision, else the model's parameters), grouped for weight decay.
-  /// Python: `Trainer(optimizers=(optimizer, None))` / `create_optimizer`.
-  using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
-      std::vector<torch::optim::OptimizerParamGroup> param_groups)>;
-
-  /// Builds the LR scheduler over the Trainer's optimizer for a run of `num_training_steps`
-  /// optimizer steps. Python: `Trainer(optimizers=(None, scheduler))` / `create_scheduler`.
-  using SchedulerFactory = std::function<std::unique_ptr<LrScheduler>(torch::optim::Optimizer& optimizer,
-                                                                      std::int64_t num_training_steps)>;
+  /// The functions a Trainer takes (include/mantissa/trainer_hooks.h), also spelled as
+  /// members: `Trainer::LossFn` is `mantissa::LossFn`.
+  using LossFn = mantissa::LossFn;
+  using MetricsFn = mantissa::MetricsFn;
+  using ForwardFn = mantissa::ForwardFn;
+  using OptimizerFactory = mantissa::OptimizerFactory;
+  using SchedulerFactory = mantissa::SchedulerFactory;
 
   /// A model, the arguments (validated here) and a training dataset.
   template <typename Model, typename TrainDataset>

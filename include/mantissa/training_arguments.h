@@ -10,6 +10,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <mantissa/arg.h>
+#include <mantissa/argument_enums.h>
 
 /// The fields of `mantissa::TrainingArguments`, one line each: `X(type, name, default, help)`.
 ///
@@ -24,132 +25,130 @@
 /// `torch.amp.GradScaler`. Every getter and setter is a plain host value: none touches a
 /// device.
 // clang-format off
-#define MANTISSA_TRAINING_ARGUMENTS_FIELDS(X)                                                     \
-  /* ---- output ---------------------------------------------------------------------- */      \
+#define MANTISSA_TRAINING_ARGUMENTS_FIELDS(X)                                                      \
+  /* ---- output ---------------------------------------------------------------------- */         \
   X(std::string, output_dir, "trainer_output",                                                     \
-    "The output directory where the model predictions and checkpoints will be written.")           \
+    "Folder that receives checkpoints, the final model and the training logs.")                    \
   X(bool, overwrite_output_dir, false,                                                             \
-    "Overwrite the content of the output directory. Use this to continue training if "             \
-    "output_dir points to a checkpoint directory.")                                                \
-  /* ---- how long, how big ------------------------------------------------------------ */      \
+    "Allow training into an output_dir that already holds files (a resume may point there).")      \
+  /* ---- how long, how big ------------------------------------------------------------ */        \
   X(double, num_train_epochs, 3.0,                                                                 \
-    "Total number of training epochs to perform (a fraction runs part of the last epoch). "        \
-    "Ignored when max_steps > 0.")                                                                 \
+    "How many passes over the training set; a fractional value stops part-way through the "        \
+    "last one. Unused when max_steps > 0.")                                                        \
   X(int64_t, max_steps, -1,                                                                        \
-    "If > 0: set total number of training steps to perform. Override num_train_epochs.")           \
-  X(int64_t, per_device_train_batch_size, 8, "Batch size per device for training.")               \
-  X(int64_t, per_device_eval_batch_size, 8, "Batch size per device for evaluation.")              \
+    "When positive, the exact number of optimizer steps to take; num_train_epochs is then "        \
+    "ignored.")                                                                                    \
+  X(int64_t, per_device_train_batch_size, 8, "Training examples per batch on each device.")        \
+  X(int64_t, per_device_eval_batch_size, 8, "Evaluation examples per batch on each device.")       \
   X(int64_t, gradient_accumulation_steps, 1,                                                       \
-    "Number of update steps to accumulate the gradients for, before performing a "                 \
-    "backward/update pass.")                                                                       \
-  /* ---- optimizer -------------------------------------------------------------------- */      \
-  X(std::string, optim, "adamw_torch_fused",                                                       \
-    "The optimizer to use: adamw_torch, adamw_torch_fused or adamw_mantissa_fused (both "          \
-    "mantissa's fused AdamW: unscale, inf check, step and master-weight cast in one pass, no "     \
-    "host sync) or sgd.")                                                                          \
-  X(double, learning_rate, 5e-5, "The initial learning rate for the optimizer.")                  \
-  X(double, weight_decay, 0.0, "Weight decay for AdamW if we apply some.")                        \
-  X(double, adam_beta1, 0.9, "Beta1 for AdamW optimizer.")                                         \
-  X(double, adam_beta2, 0.999, "Beta2 for AdamW optimizer.")                                       \
-  X(double, adam_epsilon, 1e-8, "Epsilon for AdamW optimizer.")                                    \
+    "Micro-batches whose gradients are summed before one optimizer step.")                         \
+  /* ---- optimizer -------------------------------------------------------------------- */        \
+  X(Choice<OptimizerNames>, optim, OptimizerNames::kAdamWTorchFused,                               \
+    "Optimizer. adamw_torch_fused and adamw_mantissa_fused both select mantissa's FusedAdamW, "    \
+    "which unscales, checks for inf/nan, steps and casts masters back in one pass without a "      \
+    "host sync.")                                                                                  \
+  X(double, learning_rate, 5e-5, "Peak learning rate, reached after warmup.")                      \
+  X(double, weight_decay, 0.0,                                                                     \
+    "Decoupled weight decay of AdamW (or SGD's L2 term), applied to tensors of 2 or more "         \
+    "dimensions only.")                                                                            \
+  X(double, adam_beta1, 0.9, "AdamW's decay rate of the first-moment average.")                    \
+  X(double, adam_beta2, 0.999, "AdamW's decay rate of the second-moment average.")                 \
+  X(double, adam_epsilon, 1e-8, "AdamW's term added to the denominator for stability.")            \
   X(double, max_grad_norm, 1.0,                                                                    \
-    "Max gradient norm, applied to the unscaled fp32 gradients. 0 disables clipping.")             \
-  /* ---- learning-rate schedule ------------------------------------------------------- */      \
-  X(std::string, lr_scheduler_type, "linear",                                                      \
-    "The scheduler type to use: linear, cosine, constant or constant_with_warmup.")                \
+    "Clip the global L2 norm of the unscaled fp32 gradients to this value; 0 turns clipping "      \
+    "off.")                                                                                        \
+  /* ---- learning-rate schedule ------------------------------------------------------- */        \
+  X(Choice<SchedulerType>, lr_scheduler_type, SchedulerType::kLinear,                              \
+    "Shape of the learning rate over the run, after warmup.")                                      \
   X(int64_t, warmup_steps, 0,                                                                      \
-    "Linear warmup over warmup_steps. Overrides warmup_ratio when > 0.")                           \
+    "Optimizer steps over which the learning rate ramps up from 0; takes precedence over "         \
+    "warmup_ratio when positive.")                                                                 \
   X(double, warmup_ratio, 0.0,                                                                     \
-    "Linear warmup over warmup_ratio fraction of total steps.")                                    \
-  /* ---- evaluation ------------------------------------------------------------------- */      \
-  X(std::string, eval_strategy, "no",                                                              \
-    "The evaluation strategy to use: no, steps or epoch.")                                         \
+    "Warmup length as a fraction of the run's optimizer steps.")                                   \
+  /* ---- evaluation ------------------------------------------------------------------- */        \
+  X(Choice<IntervalStrategy>, eval_strategy, IntervalStrategy::kNo,                                \
+    "When to evaluate during training: never, every eval_steps, or after each epoch.")             \
   X(std::optional<double>, eval_steps, std::nullopt,                                               \
-    "Run an evaluation every X steps (eval_strategy=steps). An integer, or a float in (0, 1) "     \
-    "meaning a ratio of total training steps. Defaults to logging_steps when unset.")              \
-  /* ---- logging ---------------------------------------------------------------------- */      \
-  X(std::string, logging_strategy, "steps",                                                        \
-    "The logging strategy to use: no, steps or epoch.")                                            \
+    "Steps between evaluations with eval_strategy steps: a whole number, or a fraction in "        \
+    "(0, 1) of the run's steps. Unset (or 0) follows logging_steps.")                              \
+  /* ---- logging ---------------------------------------------------------------------- */        \
+  X(Choice<IntervalStrategy>, logging_strategy, IntervalStrategy::kSteps,                          \
+    "When to write a training log line: never, every logging_steps, or after each epoch.")         \
   X(double, logging_steps, 500.0,                                                                  \
-    "Log every X updates steps. Should be an integer or a float in range (0, 1). If smaller "      \
-    "than 1, will be interpreted as ratio of total training steps.")                               \
-  X(bool, logging_first_step, false, "Log the first global_step.")                                \
+    "Steps between log lines with logging_strategy steps: a whole number, or a fraction in "       \
+    "(0, 1) of the run's steps.")                                                                  \
+  X(bool, logging_first_step, false, "Also log after the very first optimizer step.")              \
   X(bool, logging_nan_inf_filter, true,                                                            \
-    "Filter nan and inf losses for logging: a non-finite loss is logged as the average of the "    \
-    "finite ones. Does not change the training itself.")                                           \
-  /* ---- checkpoints ------------------------------------------------------------------ */      \
-  X(std::string, save_strategy, "steps",                                                           \
-    "The checkpoint save strategy to use: no, steps, epoch or best (save when the evaluation "     \
-    "loss improves; needs an eval_strategy).")                                                     \
+    "Leave losses that are inf or nan out of the logged average (each is counted as the mean "     \
+    "of the finite ones); training is unaffected.")                                                \
+  /* ---- checkpoints ------------------------------------------------------------------ */        \
+  X(Choice<SaveStrategy>, save_strategy, SaveStrategy::kSteps,                                     \
+    "When to write a checkpoint: never, every save_steps, after each epoch, or when an "           \
+    "evaluation improves the best loss (best; needs an eval_strategy).")                           \
   X(double, save_steps, 500.0,                                                                     \
-    "Save checkpoint every X updates steps. Should be an integer or a float in range (0, 1). "     \
-    "If smaller than 1, will be interpreted as ratio of total training steps.")                    \
+    "Steps between checkpoints with save_strategy steps: a whole number, or a fraction in "        \
+    "(0, 1) of the run's steps.")                                                                  \
   X(std::optional<int64_t>, save_total_limit, std::nullopt,                                        \
-    "If set, keep at most this many checkpoints in output_dir, deleting the oldest.")              \
+    "Most checkpoints kept in output_dir; older ones are removed. Unset keeps them all.")          \
   X(std::optional<std::string>, resume_from_checkpoint, std::nullopt,                              \
-    "Resume training from this checkpoint folder, or from the newest checkpoint-<step> in "        \
-    "output_dir when set to 'latest'.")                                                            \
-  /* ---- reproducibility -------------------------------------------------------------- */      \
-  X(int64_t, seed, 42, "Random seed that will be set at the beginning of training.")              \
+    "Checkpoint folder to continue from, or 'latest' for the newest checkpoint-<step> in "         \
+    "output_dir.")                                                                                 \
+  /* ---- reproducibility -------------------------------------------------------------- */        \
+  X(int64_t, seed, 42, "Seed of the random generators, set when training starts.")                 \
   X(std::optional<int64_t>, data_seed, std::nullopt,                                               \
-    "Random seed to be used with data samplers. Uses seed when unset.")                            \
-  /* ---- mixed precision -------------------------------------------------------------- */      \
+    "Seed of the data shuffling alone; unset uses seed.")                                          \
+  /* ---- mixed precision -------------------------------------------------------------- */        \
   X(bool, bf16, false,                                                                             \
-    "Whether to use bf16 (mixed) precision instead of 32-bit. Requires an Ampere or newer "        \
-    "GPU, or the CPU.")                                                                            \
-  X(bool, fp16, false,                                                                             \
-    "Whether to use fp16 (mixed) precision instead of 32-bit, with dynamic loss scaling.")         \
+    "Train with bf16 autocast (or a bf16 model). Needs an Ampere or newer GPU, or the CPU.")       \
+  X(bool, fp16, false, "Train with fp16 autocast and dynamic loss scaling.")                       \
   X(std::optional<bool>, tf32, std::nullopt,                                                       \
-    "Whether to enable tf32 mode, available in Ampere and newer GPU architectures. Unset "         \
-    "leaves LibTorch's setting alone.")                                                            \
+    "Let fp32 matmuls and convolutions use TF32 tensor cores (Ampere or newer). Unset keeps "      \
+    "LibTorch's current setting.")                                                                 \
   X(bool, bf16_full_eval, false,                                                                   \
-    "Whether to use full bfloat16 evaluation instead of 32-bit.")                                  \
+    "Evaluate with the model itself cast to bf16, rather than under autocast.")                    \
   X(bool, fp16_full_eval, false,                                                                   \
-    "Whether to use full float16 evaluation instead of 32-bit.")                                   \
-  X(std::string, master_weights, "auto",                                                           \
-    "fp32 master copies of the parameters: auto (kept when the model's own parameters are "        \
-    "fp16/bf16), on or off.")                                                                      \
-  /* ---- loss scaling (fp16): DeepSpeed's names, torch.amp.GradScaler's behaviour ------ */      \
+    "Evaluate with the model itself cast to fp16, rather than under autocast.")                    \
+  X(Choice<MasterWeightsMode>, master_weights, MasterWeightsMode::kAuto,                           \
+    "fp32 master copies of the parameters: auto keeps them for a model whose own parameters "      \
+    "are bf16/fp16, on also for an fp32 model cast down, off updates bf16 parameters in place.")   \
+  /* ---- loss scaling (fp16): DeepSpeed's names, torch.amp.GradScaler's behaviour ------ */       \
   X(double, loss_scale, 0.0,                                                                       \
-    "0 = dynamic loss scaling (GradScaler); > 0 = a static loss scale of this value.")             \
+    "0 scales the loss dynamically (GradScaler); a positive value is a fixed scale.")              \
   X(int64_t, initial_scale_power, 16,                                                              \
-    "The dynamic loss scale starts at 2^initial_scale_power (16: GradScaler's init_scale "         \
-    "65536).")                                                                                     \
+    "The dynamic scale starts at 2 to this power (16 is GradScaler's init_scale of 65536).")       \
   X(int64_t, loss_scale_window, 2000,                                                              \
-    "Grow the loss scale after this many consecutive steps without inf/nan (GradScaler's "         \
+    "Clean steps in a row after which the dynamic scale doubles (GradScaler's "                    \
     "growth_interval).")                                                                           \
   X(int64_t, hysteresis, 1,                                                                        \
-    "Back off the loss scale only after this many overflows (1 = on every overflow, as "           \
-    "GradScaler).")                                                                                \
+    "Overflows tolerated before the scale is halved; 1 halves on every overflow, as "              \
+    "GradScaler does.")                                                                            \
   X(bool, consecutive_hysteresis, false,                                                           \
-    "Refill the hysteresis budget after every step without overflow, so only consecutive "         \
-    "overflows back off.")                                                                         \
-  X(double, min_loss_scale, 0.0, "Floor of the dynamic loss scale (0 = no floor).")               \
+    "Restore the hysteresis budget after each clean step, so only overflows in a row halve "       \
+    "the scale.")                                                                                  \
+  X(double, min_loss_scale, 0.0, "Lowest value the dynamic scale may take; 0 sets no floor.")      \
   X(std::optional<double>, max_loss_scale, std::nullopt,                                           \
-    "Ceiling of the dynamic loss scale (unset = no ceiling).")                                     \
+    "Highest value the dynamic scale may take; unset sets no ceiling.")                            \
   X(int64_t, max_consecutive_nonfinite, 100,                                                       \
-    "Stop training with an error after this many consecutive steps with a non-finite loss or "     \
-    "gradients (0 = never stop).")                                                                 \
-  /* ---- hardware and data loading ---------------------------------------------------- */      \
-  X(bool, use_cpu, false,                                                                          \
-    "Train on the CPU even when a GPU is available.")                                              \
+    "Abort with an error once this many optimizer steps in a row saw an inf/nan loss or "          \
+    "gradient; 0 never aborts.")                                                                   \
+  /* ---- hardware and data loading ---------------------------------------------------- */        \
+  X(bool, use_cpu, false, "Train on the CPU although a GPU is present.")                           \
   X(int64_t, dataloader_num_workers, 0,                                                            \
-    "Number of worker threads for data loading. 0 means that the data will be loaded in the "      \
-    "main thread.")                                                                                \
+    "Threads that prepare batches ahead of the training step; 0 prepares them in the "             \
+    "training thread.")                                                                            \
   X(bool, dataloader_drop_last, false,                                                             \
-    "Drop the last incomplete batch if it is not divisible by the batch size.")                    \
+    "Skip the last batch of an epoch when it is smaller than the batch size.")                     \
   X(bool, dataloader_pin_memory, true,                                                             \
-    "Whether or not to pin memory for data loaders (page-locked batches copy to the GPU "          \
-    "without blocking the host).")                                                                 \
-  X(bool, disable_tqdm, false, "Whether or not to disable the progress bars.")                    \
-  /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */      \
+    "Put batches in page-locked memory, so their copy to the GPU does not block the host.")        \
+  X(bool, disable_tqdm, false, "Print no progress bar.")                                           \
+  /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */         \
   X(bool, cuda_graph, false,                                                                       \
-    "Capture the training step (forward, backward, unscale, clip, optimizer step, loss-scale "     \
-    "update) in a CUDA graph after the warm-up steps and replay it. Needs a CUDA device, "         \
+    "After the warm-up steps, record one whole training step (forward, backward, unscale, "        \
+    "clip, optimizer step, scale update) as a CUDA graph and replay it. Needs a CUDA device, "     \
     "optim adamw_torch_fused or adamw_mantissa_fused and gradient_accumulation_steps 1; "          \
-    "otherwise, and for batches of another shape, the step runs eagerly.")                        \
+    "otherwise, and for batches of another shape, steps run eagerly.")                             \
   X(int64_t, cuda_graph_warmup_steps, 3,                                                           \
-    "Eager optimizer steps before the step is captured (cuda_graph).")
+    "Optimizer steps run eagerly before the step is recorded (cuda_graph).")
 // clang-format on
 
 namespace mantissa {
@@ -171,6 +170,10 @@ namespace mantissa {
 /// Each field `name` of type `T` in `MANTISSA_TRAINING_ARGUMENTS_FIELDS` has a chained setter
 /// `TrainingArguments& name(T)` and getters `const T& name() const` / `T& name()`. Setting
 /// a field checks nothing; `validate()` does (`parse`, `from_json` and the Trainer call it).
+/// The fields that take one of a fixed set of names (`optim`, `lr_scheduler_type`, the three
+/// strategies, `master_weights`) hold a `Choice` of an enum of include/mantissa/argument_enums.h:
+/// set them by enum or by spelling (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare
+/// them with either, and read the enum with `.value()` (`args.optim().value()`).
 /// Nothing here touches a device except `validate()` and `device()`, which query it.
 class TrainingArguments {
  public:

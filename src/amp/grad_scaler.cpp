@@ -19,6 +19,16 @@
 namespace mantissa::amp {
 namespace {
 
+// Adds the found-inf flag of each device in `per_device` into `sum` (undefined: none yet),
+// moved to `device` without a host sync.
+void add_found_inf(const std::vector<std::pair<c10::Device, at::Tensor>>& per_device,
+                   const c10::Device& device, at::Tensor& sum) {
+  for (const auto& [flag_device, flag] : per_device) {
+    auto here = flag.to(device, /*non_blocking=*/true);
+    sum = sum.defined() ? sum + here : here;
+  }
+}
+
 constexpr const char* kScaleFix =
     "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the "
     "iteration.";
@@ -206,10 +216,7 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
     // The optimizer unscales and checks for inf itself, on the device: no sync.
     if (state.stage == Stage::kReady) check_inf_per_device(optimizer);
     at::Tensor found_inf;
-    for (const auto& [device, flag] : state.found_inf_per_device) {
-      auto here = flag.to(scale_.device(), /*non_blocking=*/true);
-      found_inf = found_inf.defined() ? found_inf + here : here;
-    }
+    add_found_inf(state.found_inf_per_device, scale_.device(), found_inf);
     if (!found_inf.defined()) found_inf = at::zeros({}, scale_.options().dtype(at::kFloat));
     const at::Tensor grad_scale = state.stage == Stage::kUnscaled ? at::Tensor() : scale_;
     fused->set_amp_scaling(grad_scale, found_inf);
@@ -246,22 +253,23 @@ void GradScaler::step(torch::optim::Optimizer& optimizer,
 at::Tensor GradScaler::combined_found_inf() const {
   at::Tensor combined;
   for (const auto& [optimizer, state] : per_optimizer_states_) {
-    for (const auto& [device, flag] : state.found_inf_per_device) {
-      auto here = flag.to(scale_.device(), /*non_blocking=*/true);
-      combined = combined.defined() ? combined + here : here;
-    }
+    add_found_inf(state.found_inf_per_device, scale_.device(), combined);
   }
   return combined;
 }
 
-void GradScaler::remember_found_inf(const at::Tensor& found_inf) {
-  // In place once it exists, so that a step captured in a CUDA graph keeps updating the
-  // tensor `last_step_skipped()` reads.
-  if (last_found_inf_.defined() && last_found_inf_.device() == found_inf.device()) {
-    last_found_inf_.copy_(found_inf.reshape({}));
-  } else {
-    last_found_inf_ = found_inf.reshape({}).to(at::kFloat).clone();
+void GradScaler::finish_update(const at::Tensor& found_inf) {
+  if (found_inf.defined()) {
+    skipped_steps_.add_(found_inf.gt(0));
+    // In place once it exists, so that a step captured in a CUDA graph keeps updating the
+    // tensor `last_step_skipped()` reads.
+    if (last_found_inf_.defined() && last_found_inf_.device() == found_inf.device()) {
+      last_found_inf_.copy_(found_inf.reshape({}));
+    } else {
+      last_found_inf_ = found_inf.reshape({}).to(at::kFloat).clone();
+    }
   }
+  per_optimizer_states_.clear();
 }
 
 void GradScaler::update() {
@@ -275,9 +283,7 @@ void GradScaler::update() {
     at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor(),
                            options_.backoff_factor(), options_.growth_interval());
   }
-  skipped_steps_.add_(found_inf.gt(0));
-  remember_found_inf(found_inf);
-  per_optimizer_states_.clear();
+  finish_update(found_inf);
 }
 
 void GradScaler::update_with_extensions(const at::Tensor& found_inf) {
@@ -317,11 +323,7 @@ void GradScaler::update(double new_scale) {
   if (!options_.enabled()) return;
   check_scale_growth_tracker("update");
   scale_.fill_(new_scale);
-  if (auto found_inf = combined_found_inf(); found_inf.defined()) {
-    skipped_steps_.add_(found_inf.gt(0));
-    remember_found_inf(found_inf);
-  }
-  per_optimizer_states_.clear();
+  finish_update(combined_found_inf());
 }
 
 void GradScaler::update(const at::Tensor& new_scale) {
@@ -334,11 +336,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
   TORCH_CHECK(new_scale.numel() == 1, reason);
   TORCH_CHECK(!new_scale.requires_grad(), reason);
   scale_.copy_(new_scale.reshape({}));
-  if (auto found_inf = combined_found_inf(); found_inf.defined()) {
-    skipped_steps_.add_(found_inf.gt(0));
-    remember_found_inf(found_inf);
-  }
-  per_optimizer_states_.clear();
+  finish_update(combined_found_inf());
 }
 
 double GradScaler::get_scale() const {

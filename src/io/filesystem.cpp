@@ -1,6 +1,6 @@
 #include <c10/util/Exception.h>
 #include <dirent.h>
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -425,7 +425,11 @@ std::map<std::string, std::string> load_safetensors_metadata(const std::string& 
   return read_header(file, path).metadata;
 }
 
-void save_module_safetensors(const std::string& path, const torch::nn::Module& module) {
+namespace {
+
+// The module's parameters, then its buffers, under their dotted names: what Python's
+// `module.state_dict()` holds.
+std::vector<std::pair<std::string, at::Tensor>> state_dict_of(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     tensors.emplace_back(item.key(), item.value());
@@ -433,7 +437,13 @@ void save_module_safetensors(const std::string& path, const torch::nn::Module& m
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     tensors.emplace_back(item.key(), item.value());
   }
-  save_safetensors(path, tensors, {{"format", "pt"}});
+  return tensors;
+}
+
+}  // namespace
+
+void save_module_safetensors(const std::string& path, const torch::nn::Module& module) {
+  save_safetensors(path, state_dict_of(module), {{"format", "pt"}});
 }
 
 IncompatibleKeys load_module_safetensors(const std::string& path, torch::nn::Module& module,
@@ -442,13 +452,7 @@ IncompatibleKeys load_module_safetensors(const std::string& path, torch::nn::Mod
   std::unordered_map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : loaded) by_name.emplace(name, &tensor);
 
-  std::vector<std::pair<std::string, at::Tensor>> targets;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    targets.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    targets.emplace_back(item.key(), item.value());
-  }
+  const auto targets = state_dict_of(module);
 
   IncompatibleKeys keys;
   std::set<std::string> target_names;

@@ -12,7 +12,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
 #include <mantissa/optim/fused_adamw.h>
 

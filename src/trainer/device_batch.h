@@ -3,7 +3,7 @@
 
 #include <c10/core/Device.h>
 
-#include <mantissa/trainer.h>
+#include <mantissa/batch.h>
 
 namespace mantissa::detail {
 

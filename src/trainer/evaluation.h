@@ -7,7 +7,9 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
-#include <mantissa/trainer.h>
+#include <mantissa/batch.h>
+#include <mantissa/precision_plan.h>
+#include <mantissa/trainer_hooks.h>
 
 namespace mantissa::detail {
 
@@ -17,11 +19,11 @@ struct EvaluationParts {
   const PrecisionPlan& plan;
   c10::Device device;
   torch::nn::Module& module;
-  const Trainer::ForwardFn& forward;
+  const ForwardFn& forward;
   /// The user's loss; empty for cross-entropy of `forward(batch.data)` on `batch.target`.
-  const Trainer::LossFn& compute_loss;
+  const LossFn& compute_loss;
   /// Empty for none.
-  const Trainer::MetricsFn& compute_metrics;
+  const MetricsFn& compute_metrics;
   const std::optional<BatchSource>& eval;
 };
 

@@ -14,7 +14,7 @@ std::optional<std::string> cuda_graph_blocker(const TrainingArguments& args,
     return fmt::format(
         "the optimizer ({}) is not mantissa's FusedAdamW, whose step reads the learning rate "
         "and the loss scale on the device; use --optim adamw_torch_fused",
-        from_factory ? "from set_optimizer_factory" : args.optim());
+        from_factory ? std::string("from set_optimizer_factory") : std::string(args.optim().name()));
   }
   if (args.gradient_accumulation_steps() > 1) {
     return fmt::format(

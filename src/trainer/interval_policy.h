@@ -1,24 +1,13 @@
 #pragma once
-// When the loop logs, evaluates and saves: HF's IntervalStrategy / SaveStrategy, parsed once,
-// and the decision of its DefaultFlowCallback at step N. Pure functions of the arguments and
+// When the loop logs, evaluates and saves: the decision of HF's DefaultFlowCallback at step N. Pure functions of the arguments and
 // the state, tested without training (tests/interval_policy_test.cpp).
-
-#include <string>
 
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>
 
 namespace mantissa::detail {
 
-/// `logging_strategy`, `eval_strategy`, `save_strategy`. Python:
-/// `transformers.trainer_utils.IntervalStrategy` and `SaveStrategy` (`kBest`: save strategy only).
-enum class IntervalStrategy { kNo, kSteps, kEpoch, kBest };
-
-/// "no", "steps", "epoch", "best" as an enum; anything else raises `c10::ValueError` naming
-/// `field` (TrainingArguments::validate has already refused such values).
-IntervalStrategy parse_interval_strategy(const std::string& value, const char* field);
-
-/// The strategies of one run, parsed once from the arguments. The step intervals are read
+/// The strategies of one run, read once from the arguments. The step intervals are read
 /// from `TrainerState` (`logging_steps`, `eval_steps`, `save_steps`), where ratios are
 /// already resolved into steps, as HF does.
 struct IntervalPolicy {
@@ -26,13 +15,14 @@ struct IntervalPolicy {
   IntervalStrategy logging = IntervalStrategy::kSteps;
   /// `eval_strategy`.
   IntervalStrategy evaluation = IntervalStrategy::kNo;
-  /// `save_strategy` (the only one that may be `kBest`).
-  IntervalStrategy saving = IntervalStrategy::kSteps;
+  /// `save_strategy`.
+  SaveStrategy saving = SaveStrategy::kSteps;
   /// Log after the first update too (`logging_first_step`).
   bool logging_first_step = false;
 };
 
-/// The policy for `args`.
+/// The policy for `args`. Throws `c10::ValueError` for a strategy that is not a valid name
+/// (`TrainingArguments::validate` refuses those first).
 IntervalPolicy make_interval_policy(const TrainingArguments& args);
 
 /// What is due at `state.global_step`.

@@ -10,7 +10,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 
 #include "io/json_number.h"
 

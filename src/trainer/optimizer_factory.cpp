@@ -29,14 +29,15 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
     bool first_group_decays, amp::MasterWeights* masters) {
   const double lr = args.learning_rate();
   const auto betas = std::make_tuple(args.adam_beta1(), args.adam_beta2());
-  switch (parse_optimizer_kind(args.optim())) {
-    case OptimizerKind::kAdamWTorch:
+  switch (args.optim().value()) {
+    case OptimizerNames::kAdamWTorch:
       return build<torch::optim::AdamW>(std::move(groups), first_group_decays,
                                         torch::optim::AdamWOptions(lr)
                                             .betas(betas)
                                             .eps(args.adam_epsilon())
                                             .weight_decay(args.weight_decay()));
-    case OptimizerKind::kFusedAdamW: {
+    case OptimizerNames::kAdamWTorchFused:
+    case OptimizerNames::kAdamWMantissaFused: {
       auto fused = build<optim::FusedAdamW>(std::move(groups), first_group_decays,
                                             optim::FusedAdamWOptions(lr)
                                                 .betas(betas)
@@ -46,25 +47,16 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
       if (masters != nullptr && masters->has_low_precision()) fused->link_model_params(*masters);
       return fused;
     }
-    case OptimizerKind::kSgd:
+    case OptimizerNames::kSgd:
       return build<torch::optim::SGD>(
           std::move(groups), first_group_decays,
           torch::optim::SGDOptions(lr).weight_decay(args.weight_decay()));
   }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind");
+  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerNames ", args.optim());
   return nullptr;
 }
 
 }  // namespace
-
-OptimizerKind parse_optimizer_kind(const std::string& name) {
-  if (name == "adamw_torch") return OptimizerKind::kAdamWTorch;
-  if (name == "adamw_torch_fused" || name == "adamw_mantissa_fused")
-    return OptimizerKind::kFusedAdamW;
-  if (name == "sgd") return OptimizerKind::kSgd;
-  TORCH_CHECK_VALUE(false, "optim: ", name, " is not a valid OptimizerNames");
-  return OptimizerKind::kAdamWTorch;
-}
 
 std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
     const std::vector<torch::Tensor>& params, const amp::MasterWeights* masters,
@@ -88,7 +80,7 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
-                                        const Trainer::OptimizerFactory& factory) {
+                                        const OptimizerFactory& factory) {
   bool first_group_decays = false;
   auto groups = weight_decay_groups(model_params, masters, &first_group_decays);
   TORCH_CHECK_VALUE(!groups.empty(), "the model has no parameter that requires grad");

@@ -1,5 +1,5 @@
 #pragma once
-// The Trainer's optimizer: `args.optim` parsed once, HF's weight-decay grouping, and the
+// The Trainer's optimizer: the one `args.optim` names, HF's weight-decay grouping, and the
 // optimizer built over the tensors it should update (the fp32 masters when there are some).
 
 #include <memory>
@@ -10,21 +10,10 @@
 
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/optim/fused_adamw.h>
-#include <mantissa/trainer.h>
+#include <mantissa/trainer_hooks.h>
 #include <mantissa/training_arguments.h>
 
 namespace mantissa::detail {
-
-/// The optimizers `args.optim` names. Python: `transformers.training_args.OptimizerNames`.
-enum class OptimizerKind {
-  kAdamWTorch,  ///< "adamw_torch": torch::optim::AdamW
-  kFusedAdamW,  ///< "adamw_torch_fused", "adamw_mantissa_fused": mantissa's FusedAdamW
-  kSgd,         ///< "sgd": torch::optim::SGD
-};
-
-/// The kind `name` names; anything else raises `c10::ValueError` ("optim: <name> is not a
-/// valid OptimizerNames").
-OptimizerKind parse_optimizer_kind(const std::string& name);
 
 /// The trainable tensors of `params` in HF's weight-decay groups: group 0 the tensors of 2 or
 /// more dimensions (they decay), then the 1-d ones (biases, normalisation weights: no decay);
@@ -55,6 +44,6 @@ struct TrainerOptimizer {
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
-                                        const Trainer::OptimizerFactory& factory);
+                                        const OptimizerFactory& factory);
 
 }  // namespace mantissa::detail

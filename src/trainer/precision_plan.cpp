@@ -18,14 +18,23 @@ std::string PrecisionPlan::describe() const {
     }
   };
   std::string compute = autocast ? name(compute_dtype) + " autocast" : name(compute_dtype) + " compute";
-  std::string weights = master_weights       ? name(param_dtype) + " weights with fp32 master weights"
-                        : pure_low_precision ? "pure " + name(param_dtype) + " weights (no master copy)"
-                                             : name(param_dtype) + " weights";
+  std::string weights_text;
+  switch (weights) {
+    case WeightsMode::kModelWeights:
+      weights_text = name(param_dtype) + " weights";
+      break;
+    case WeightsMode::kFp32Masters:
+      weights_text = name(param_dtype) + " weights with fp32 master weights";
+      break;
+    case WeightsMode::kPureLowPrecision:
+      weights_text = "pure " + name(param_dtype) + " weights (no master copy)";
+      break;
+  }
   std::string scaling = !loss_scaling       ? std::string("no loss scaling")
                         : static_loss_scale ? fmt::format("static loss scale {:g}", *static_loss_scale)
                                             : std::string("dynamic loss scaling");
   std::string tf32_text = tf32.has_value() ? (*tf32 ? ", tf32 on" : ", tf32 off") : "";
-  return fmt::format("{}, {}, {}{}", compute, weights, scaling, tf32_text);
+  return fmt::format("{}, {}, {}{}", compute, weights_text, scaling, tf32_text);
 }
 
 namespace detail {
@@ -35,7 +44,7 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
   plan.param_dtype = param_dtype;
   plan.tf32 = args.tf32();
   const bool low_params = param_dtype == c10::kBFloat16 || param_dtype == c10::kHalf;
-  const auto& masters = args.master_weights();
+  const MasterWeightsMode masters = args.master_weights().value();
 
   if (low_params) {
     // The model's dtype decides the compute dtype; a contradicting flag is an error.
@@ -45,11 +54,11 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
                       "the model's parameters are fp16 but --bf16 was given; use --fp16 (or load the model in fp32)");
     plan.compute_dtype = param_dtype;
     plan.autocast = true;  // casts fp32 inputs to the model's dtype at matmuls and convs
-    plan.master_weights = masters != "off";
-    plan.pure_low_precision = !plan.master_weights;
+    plan.weights = masters == MasterWeightsMode::kOff ? WeightsMode::kPureLowPrecision
+                                                      : WeightsMode::kFp32Masters;
     plan.loss_scaling = param_dtype == c10::kHalf;
     if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
-    TORCH_CHECK_VALUE(!(plan.pure_low_precision && plan.loss_scaling),
+    TORCH_CHECK_VALUE(!(plan.weights == WeightsMode::kPureLowPrecision && plan.loss_scaling),
                       "master_weights=off with an fp16 model: fp16 gradients cannot be unscaled in place "
                       "(\"Attempting to unscale FP16 gradients.\"). Use master_weights=auto, or a bf16 model.");
     return plan;
@@ -64,11 +73,11 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
   plan.compute_dtype = args.compute_dtype();
   plan.loss_scaling = args.fp16();
   if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
-  if (masters == "on") {
+  if (masters == MasterWeightsMode::kOn) {
     // fp32 model, --bf16/--fp16 and master_weights=on: train low-precision parameters with
     // fp32 masters (half the weight memory of AMP's fp32 model in the forward pass).
     plan.param_dtype = plan.compute_dtype;
-    plan.master_weights = true;
+    plan.weights = WeightsMode::kFp32Masters;
   }
   plan.autocast = true;
   return plan;

@@ -1,6 +1,7 @@
 #pragma once
 
-#include <mantissa/trainer.h>
+#include <mantissa/precision_plan.h>
+#include <mantissa/training_arguments.h>
 
 namespace mantissa::detail {
 

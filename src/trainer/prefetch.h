@@ -8,7 +8,7 @@
 #include <map>
 #include <vector>
 
-#include <mantissa/trainer.h>
+#include <mantissa/batch.h>
 
 namespace mantissa::detail {
 

@@ -17,7 +17,8 @@
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
-#include <mantissa/trainer.h>
+#include <mantissa/batch.h>
+#include <mantissa/precision_plan.h>
 
 #include "trainer/callback_handler.h"
 #include "trainer/loss_window.h"

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 
-#include <mantissa/io/filesystem.h>
+#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
 
 #include "trainer/checkpoint.h"
@@ -58,17 +58,17 @@ void Trainer::Impl::prepare() {
   schedule_ = detail::make_run_schedule(train_.size, args_);
   if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
-  if (plan_.master_weights) {
+  if (plan_.weights == WeightsMode::kFp32Masters) {
     masters_ = std::make_unique<amp::MasterWeights>(module_->parameters());
   }
-  if (plan_.pure_low_precision) amp::warn_pure_low_precision_once(plan_.param_dtype);
+  if (plan_.weights == WeightsMode::kPureLowPrecision) amp::warn_pure_low_precision_once(plan_.param_dtype);
   optimizer_ = detail::make_trainer_optimizer(args_, module_->parameters(), masters_.get(),
                                               optimizer_factory_);
   auto& optimizer = *optimizer_.optimizer;
   const auto max_steps = schedule_.max_steps;
   auto scheduler = scheduler_factory_ ? scheduler_factory_(optimizer, max_steps)
                                       : std::make_unique<LrScheduler>(
-                                            optimizer, args_.lr_scheduler_type(),
+                                            optimizer, args_.lr_scheduler_type().value(),
                                             args_.get_warmup_steps(max_steps), max_steps);
   TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
   scaler_ = amp::GradScaler(

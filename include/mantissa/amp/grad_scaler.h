@@ -178,7 +178,7 @@ class GradScaler {
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
   at::Tensor combined_found_inf() const;
   void update_with_extensions(const at::Tensor& found_inf);
-  void remember_found_inf(const at::Tensor& found_inf);
+  void finish_update(const at::Tensor& found_inf);
   bool extensions_enabled() const noexcept;
 
   GradScalerOptions options_;

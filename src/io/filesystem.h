@@ -1,5 +1,5 @@
 #pragma once
-// Small POSIX file-system helpers for checkpoint folders.
+// Small POSIX file-system helpers for checkpoint folders. Internal: not installed.
 //
 // Why not std::filesystem: the libtorch.so of the PyPI wheel exports std::filesystem symbols of
 // its own (built with another libstdc++ ABI); a program that links it and calls

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <mantissa/choice.h>
+
+/// The enums behind the `TrainingArguments` fields that take one of a fixed set of names.
+/// Names and spellings are Hugging Face's (`transformers.training_args.OptimizerNames`,
+/// `transformers.trainer_utils.IntervalStrategy` / `SaveStrategy`, `SchedulerType`) where HF
+/// has the enum; the spellings are what the command line and training_args.json hold.
+
+namespace mantissa {
+
+/// `--optim`. Python: `OptimizerNames` (the members mantissa implements).
+enum class OptimizerNames {
+  kAdamWTorch,          ///< "adamw_torch": torch::optim::AdamW
+  kAdamWTorchFused,     ///< "adamw_torch_fused": mantissa's FusedAdamW (as HF's fused AdamW)
+  kAdamWMantissaFused,  ///< "adamw_mantissa_fused": the same FusedAdamW, by its own name
+  kSgd,                 ///< "sgd": torch::optim::SGD
+};
+
+/// `--lr_scheduler_type`. Python: `SchedulerType` (the members mantissa implements).
+enum class SchedulerType {
+  kLinear,              ///< "linear": warmup, then linear decay to 0
+  kCosine,              ///< "cosine": warmup, then half a cosine down to 0
+  kConstant,            ///< "constant": no warmup, no decay
+  kConstantWithWarmup,  ///< "constant_with_warmup": warmup, then constant
+};
+
+/// `--logging_strategy`, `--eval_strategy`. Python: `IntervalStrategy`.
+enum class IntervalStrategy {
+  kNo,     ///< "no": never
+  kSteps,  ///< "steps": every `*_steps` optimizer steps
+  kEpoch,  ///< "epoch": at the end of each epoch
+};
+
+/// `--save_strategy`. Python: `SaveStrategy`.
+enum class SaveStrategy {
+  kNo,     ///< "no": never
+  kSteps,  ///< "steps": every `save_steps` optimizer steps
+  kEpoch,  ///< "epoch": at the end of each epoch
+  kBest,   ///< "best": after an evaluation that improved the best metric
+};
+
+/// `--master_weights` (mantissa): whether a low-precision model keeps fp32 master copies.
+enum class MasterWeightsMode {
+  kAuto,  ///< "auto": masters when the model's own parameters are bf16/fp16
+  kOn,    ///< "on": also for an fp32 model trained with --bf16/--fp16 (cast to that dtype)
+  kOff,   ///< "off": update bf16 parameters in place (pure low precision)
+};
+
+template <>
+struct ChoiceTraits<OptimizerNames> {
+  static constexpr const char* enum_name = "OptimizerNames";
+  static constexpr const char* names[] = {"adamw_torch", "adamw_torch_fused",
+                                          "adamw_mantissa_fused", "sgd"};
+};
+
+template <>
+struct ChoiceTraits<SchedulerType> {
+  static constexpr const char* enum_name = "SchedulerType";
+  static constexpr const char* names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+};
+
+template <>
+struct ChoiceTraits<IntervalStrategy> {
+  static constexpr const char* enum_name = "IntervalStrategy";
+  static constexpr const char* names[] = {"no", "steps", "epoch"};
+};
+
+template <>
+struct ChoiceTraits<SaveStrategy> {
+  static constexpr const char* enum_name = "SaveStrategy";
+  static constexpr const char* names[] = {"no", "steps", "epoch", "best"};
+};
+
+template <>
+struct ChoiceTraits<MasterWeightsMode> {
+  static constexpr const char* enum_name = "MasterWeightsMode";
+  static constexpr const char* names[] = {"auto", "on", "off"};
+};
+
+// Each enum has one spelling per enumerator.
+static_assert(Choice<OptimizerNames>::size() == static_cast<int>(OptimizerNames::kSgd) + 1);
+static_assert(Choice<SchedulerType>::size() ==
+              static_cast<int>(SchedulerType::kConstantWithWarmup) + 1);
+static_assert(Choice<IntervalStrategy>::size() == static_cast<int>(IntervalStrategy::kEpoch) + 1);
+static_assert(Choice<SaveStrategy>::size() == static_cast<int>(SaveStrategy::kBest) + 1);
+static_assert(Choice<MasterWeightsMode>::size() == static_cast<int>(MasterWeightsMode::kOff) + 1);
+
+}  // namespace mantissa

@@ -1,0 +1,334 @@
+// TrainingArguments from the command line: HfArgumentParser's flags, bound with CLI11.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <unordered_map>
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <mantissa/training_arguments.h>
+
+#include "training_arguments/python_repr.h"
+
+namespace mantissa {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// One flag's text into its field. The same values as HfArgumentParser accepts: string_to_bool
+// for bools, int() / float() for numbers, "None" for an unset optional.
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+[[noreturn]] void bad_value(const std::string& flag, const std::string& text,
+                            const std::string& why) {
+  TORCH_CHECK_VALUE(false, flag, ": invalid value '", text, "' (", why, ")");
+  std::abort();  // unreachable; TORCH_CHECK_VALUE(false, ...) always throws
+}
+
+// A leading '+' is allowed (as by Python's int() and float()), a second sign is not.
+std::string_view strip_plus(std::string_view s) {
+  if (s.size() > 1 && s[0] == '+' && s[1] != '-' && s[1] != '+') s.remove_prefix(1);
+  return s;
+}
+
+void from_cli(const std::string& flag, const std::string& text, bool& out) {
+  const std::string v = lower(text);
+  // An empty value is the bare flag (`--bf16`): argparse's const=True.
+  if (v.empty() || v == "yes" || v == "true" || v == "t" || v == "y" || v == "1") {
+    out = true;
+  } else if (v == "no" || v == "false" || v == "f" || v == "n" || v == "0") {
+    out = false;
+  } else {
+    bad_value(flag, text,
+              "Truthy value expected: got " + text +
+                  " but expected one of yes/no, true/false, t/f, y/n, 1/0 (case insensitive).");
+  }
+}
+
+void from_cli(const std::string& flag, const std::string& text, int64_t& out) {
+  const std::string_view s = strip_plus(text);
+  const auto res = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size()) {
+    bad_value(flag, text,
+              res.ec == std::errc::result_out_of_range ? "out of range for a 64-bit integer"
+                                                       : "expected an integer");
+  }
+}
+
+void from_cli(const std::string& flag, const std::string& text, double& out) {
+  const std::string_view s = strip_plus(text);
+  const auto res =
+      std::from_chars(s.data(), s.data() + s.size(), out, std::chars_format::general);
+  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size()) {
+    bad_value(flag, text,
+              res.ec == std::errc::result_out_of_range ? "out of range for a double"
+                                                       : "expected a float");
+  }
+}
+
+void from_cli(const std::string& /*flag*/, const std::string& text, std::string& out) {
+  out = text;
+}
+
+// Any spelling is kept; validate() names the field when it is not one of the enum's.
+template <class E>
+void from_cli(const std::string& /*flag*/, const std::string& text, Choice<E>& out) {
+  out = Choice<E>(text);
+}
+
+template <class T>
+void from_cli(const std::string& flag, const std::string& text, std::optional<T>& out) {
+  if (text == "None" || text == "none" || text == "null") {
+    out.reset();
+    return;
+  }
+  T value{};
+  from_cli(flag, text, value);
+  out = std::move(value);
+}
+
+// The metavariable --help shows after a flag: argparse's {a,b,c} for a choice.
+template <class T>
+struct CliType;
+template <>
+struct CliType<bool> {
+  static std::string name() { return "[BOOL]"; }
+};
+template <>
+struct CliType<int64_t> {
+  static std::string name() { return "INT"; }
+};
+template <>
+struct CliType<double> {
+  static std::string name() { return "FLOAT"; }
+};
+template <>
+struct CliType<std::string> {
+  static std::string name() { return "TEXT"; }
+};
+template <class E>
+struct CliType<Choice<E>> {
+  static std::string name() {
+    std::string text = "{";
+    for (std::size_t i = 0; i < Choice<E>::size(); ++i) {
+      if (i) text += ",";
+      text += Choice<E>::name_at(i);
+    }
+    return text + "}";
+  }
+};
+template <class T>
+struct CliType<std::optional<T>> : CliType<T> {};
+
+template <class T>
+constexpr bool is_bool_field = std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>;
+
+// ---------------------------------------------------------------------------------------------
+// The parser: one CLI11 option per flag spelling, each bound to a setter. CLI11 only collects
+// the raw strings; they are converted afterwards in command-line order, so that the last
+// occurrence wins and the messages are ours.
+
+using Setter =
+    std::function<void(TrainingArguments&, const std::string& flag, const std::string& value)>;
+
+struct Binding {
+  std::string flag;  // CLI11 gives hidden options no name; messages need the spelling used
+  Setter set;
+};
+
+struct Cli {
+  CLI::App app;
+  std::unordered_map<const CLI::Option*, Binding> bindings;
+};
+
+std::string dashed(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+CLI::Option* add_value_option(Cli& cli, const std::string& flag, const std::string& description,
+                              bool optional_value, const std::string& type_text) {
+  CLI::Option* opt = cli.app.add_option(
+      flag, CLI::callback_t([](const CLI::results_t&) { return true; }), description);
+  opt->expected(optional_value ? 0 : 1, 1);
+  opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  opt->option_text(type_text);  // CLI11 puts the space in front
+  opt->type_name(type_text);    // for CLI11's "--learning_rate: 1 required FLOAT missing"
+  return opt;
+}
+
+// HfArgumentParser adds `--no_<name>` (store_false) for the bool fields that default to True.
+template <class Access>
+void add_negative_flag(Cli& cli, const std::string& name, Access access) {
+  const Setter unset = [access](TrainingArguments& args, const std::string& flag,
+                                const std::string& value) {
+    // CLI11 hands a bare flag over as "true"; argparse's store_false takes no value.
+    TORCH_CHECK_VALUE(value.empty() || value == "true", flag, ": ignored explicit argument '",
+                      value, "'");
+    access(args) = false;
+  };
+  CLI::Option* no = cli.app.add_flag("--no_" + name);
+  no->description("Sets " + name + " to False.");
+  no->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cli.bindings.emplace(no, Binding{"--no_" + name, unset});
+  CLI::Option* no_alias = cli.app.add_flag("--no-" + dashed(name));
+  no_alias->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  no_alias->group("");
+  cli.bindings.emplace(no_alias, Binding{"--no-" + dashed(name), unset});
+}
+
+template <class T, class Access>
+void add_field(Cli& cli, const std::string& name, const std::string& help, const T& default_value,
+               Access access) {
+  const Setter set = [access](TrainingArguments& args, const std::string& flag,
+                              const std::string& value) { from_cli(flag, value, access(args)); };
+  const std::string type_text = CliType<T>::name();
+  const std::string description = help + " (default: " + detail::help_repr(default_value) + ")";
+  CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>, type_text);
+  cli.bindings.emplace(main, Binding{"--" + name, set});
+  if (name.find('_') != std::string::npos) {
+    // HfArgumentParser also takes the dashed spelling; the footer says so once instead of
+    // doubling every line of --help.
+    const std::string alias_flag = "--" + dashed(name);
+    CLI::Option* alias =
+        add_value_option(cli, alias_flag, description, is_bool_field<T>, type_text);
+    alias->group("");
+    cli.bindings.emplace(alias, Binding{alias_flag, set});
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    if (default_value) add_negative_flag(cli, name, access);
+  }
+}
+
+std::unique_ptr<Cli> make_cli(const std::string& program_name) {
+  auto cli = std::make_unique<Cli>();
+  CLI::App& app = cli->app;
+  app.name(program_name);
+  app.description("mantissa TrainingArguments: the flags of Hugging Face's TrainingArguments.");
+  app.footer(
+      "Every flag also takes dashes for underscores (--learning-rate). Bool flags take an "
+      "optional value: --bf16, --bf16 true, --bf16=false (yes/no, true/false, t/f, y/n, 1/0). "
+      "Optional fields take None to unset them. A single argument ending in .json reads "
+      "that file instead.");
+  app.allow_extras();
+  app.get_formatter()->column_width(46);
+  const TrainingArguments defaults;
+#define MANTISSA_TA_ADD_FLAG_(type, name, default_value, help) \
+  add_field<type>(*cli, #name, help, defaults.name(),          \
+                  [](TrainingArguments& args) -> type& { return args.name(); });
+  MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_ADD_FLAG_)
+#undef MANTISSA_TA_ADD_FLAG_
+  return cli;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string base_name(const char* argv0) {
+  if (argv0 == nullptr || *argv0 == '\0') return "train";
+  const std::string s(argv0);
+  const auto slash = s.find_last_of('/');
+  return slash == std::string::npos ? s : s.substr(slash + 1);
+}
+
+// Parses without validating; the callers validate.
+std::pair<TrainingArguments, std::vector<std::string>> parse_unvalidated(
+    int argc, const char* const* argv) {
+  TORCH_CHECK_VALUE(argc >= 0 && (argc == 0 || argv != nullptr), "parse: bad argc/argv");
+  if (argc == 2 && ends_with(argv[1], ".json")) {
+    return {TrainingArguments::load_json(argv[1]), {}};  // its messages name the file
+  }
+  auto cli = make_cli(base_name(argc > 0 ? argv[0] : nullptr));
+  const char* const empty_argv[] = {"train"};
+  try {
+    if (argc == 0) {
+      cli->app.parse(1, empty_argv);
+    } else {
+      cli->app.parse(argc, argv);
+    }
+  } catch (const CLI::CallForHelp&) {
+    std::cout << cli->app.help() << std::flush;
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  TrainingArguments args;
+  std::unordered_map<const CLI::Option*, std::size_t> next;
+  for (const CLI::Option* opt : cli->app.parse_order()) {
+    const auto it = cli->bindings.find(opt);
+    if (it == cli->bindings.end()) continue;  // --help
+    const auto& results = opt->results();
+    std::size_t& i = next[opt];
+    const std::string value =
+        results.empty() ? std::string() : results[std::min(i, results.size() - 1)];
+    ++i;
+    it->second.set(args, it->second.flag, value);
+  }
+  return {std::move(args), cli->app.remaining()};
+}
+
+std::vector<const char*> make_argv(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"train"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return argv;
+}
+
+}  // namespace
+
+TrainingArguments TrainingArguments::parse(int argc, const char* const* argv) {
+  auto [args, remaining] = parse_unvalidated(argc, argv);
+  if (!remaining.empty()) {
+    std::string joined;
+    for (const auto& r : remaining) joined += (joined.empty() ? "" : " ") + r;
+    TORCH_CHECK_VALUE(false, "unrecognized arguments: ", joined);
+  }
+  args.validate();
+  return args;
+}
+
+TrainingArguments TrainingArguments::parse(int argc, char** argv) {
+  return parse(argc, const_cast<const char* const*>(argv));
+}
+
+TrainingArguments TrainingArguments::parse(const std::vector<std::string>& args) {
+  const auto argv = make_argv(args);
+  return parse(static_cast<int>(argv.size()), argv.data());
+}
+
+std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_known(
+    int argc, const char* const* argv) {
+  auto result = parse_unvalidated(argc, argv);
+  result.first.validate();
+  return result;
+}
+
+std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_known(
+    int argc, char** argv) {
+  return parse_known(argc, const_cast<const char* const*>(argv));
+}
+
+std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_known(
+    const std::vector<std::string>& args) {
+  const auto argv = make_argv(args);
+  return parse_known(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string TrainingArguments::help_text(const std::string& program_name) {
+  return make_cli(program_name)->app.help();
+}
+
+}  // namespace mantissa

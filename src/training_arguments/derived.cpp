@@ -1,0 +1,62 @@
+// The values the Trainer derives from TrainingArguments, and equality.
+#include <cmath>
+
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <mantissa/training_arguments.h>
+
+#include "checked_math.h"
+#include "training_arguments/python_repr.h"
+
+namespace mantissa {
+
+c10::ScalarType TrainingArguments::compute_dtype() const {
+  TORCH_CHECK_VALUE(!(fp16_ && bf16_), "At most one of fp16 and bf16 can be True, but not both");
+  if (bf16_) return c10::kBFloat16;
+  if (fp16_) return c10::kHalf;
+  return c10::kFloat;
+}
+
+c10::Device TrainingArguments::device() const {
+  if (use_cpu_ || !torch::cuda::is_available()) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, 0);
+}
+
+double TrainingArguments::init_loss_scale() const {
+  if (loss_scale_ > 0) return loss_scale_;
+  return std::ldexp(1.0, static_cast<int>(initial_scale_power_));
+}
+
+double TrainingArguments::resolved_eval_steps() const {
+  return eval_steps_ && *eval_steps_ != 0 ? *eval_steps_ : logging_steps_;
+}
+
+int64_t TrainingArguments::resolve_steps(double steps, int64_t max_steps) {
+  // validate() keeps the intervals in range; this keeps a direct call defined.
+  TORCH_CHECK_VALUE(steps >= 0 && steps < 0x1p63, "resolve_steps: ", detail::repr(steps),
+                    " is not a number of steps: it must lie in [0, ", detail::kMaxCount, "]");
+  TORCH_CHECK_VALUE(max_steps >= 0, "resolve_steps: max_steps must be non-negative, got ",
+                    max_steps);
+  // A ratio below 1 of at most 2^63 steps stays below 2^63.
+  if (steps < 1) return static_cast<int64_t>(std::ceil(steps * static_cast<double>(max_steps)));
+  return static_cast<int64_t>(steps);
+}
+
+int64_t TrainingArguments::get_warmup_steps(int64_t num_training_steps) const {
+  if (warmup_steps_ > 0) return warmup_steps_;
+  // In double, a run near 2^63 steps rounds up to 2^63, one past int64: then the warmup is the
+  // whole run (warmup_ratio <= 1).
+  const double steps = std::ceil(static_cast<double>(num_training_steps) * warmup_ratio_);
+  return detail::fits_int64(steps) ? static_cast<int64_t>(steps) : num_training_steps;
+}
+
+bool TrainingArguments::operator==(const TrainingArguments& other) const {
+#define MANTISSA_TA_EQ_(type, name, default_value, help) \
+  if (!(name##_ == other.name##_)) return false;
+  MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_EQ_)
+#undef MANTISSA_TA_EQ_
+  return true;
+}
+
+}  // namespace mantissa

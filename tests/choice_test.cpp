@@ -1,0 +1,76 @@
+// mantissa::Choice: an enum that reads, writes and compares by its spelling.
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <mantissa/argument_enums.h>
+#include <mantissa/training_arguments.h>
+
+namespace {
+
+using mantissa::Choice;
+using mantissa::OptimizerNames;
+using mantissa::SaveStrategy;
+using mantissa::SchedulerType;
+using ::testing::HasSubstr;
+
+TEST(ChoiceTest, SpellingAndEnumNameTheSameValue) {
+  const Choice<SaveStrategy> by_name = "epoch";
+  const Choice<SaveStrategy> by_enum = SaveStrategy::kEpoch;
+  EXPECT_TRUE(by_name.is_valid());
+  EXPECT_EQ(by_name.value(), SaveStrategy::kEpoch);
+  EXPECT_EQ(by_name, by_enum);
+  EXPECT_EQ(by_enum.name(), "epoch");
+  EXPECT_TRUE(by_name == "epoch");
+  EXPECT_TRUE("epoch" == by_name);
+  EXPECT_TRUE(by_name == std::string("epoch"));
+  EXPECT_TRUE(by_name == SaveStrategy::kEpoch);
+  EXPECT_TRUE(SaveStrategy::kEpoch == by_name);
+  EXPECT_TRUE(by_name != "steps");
+  EXPECT_TRUE(by_name != SaveStrategy::kBest);
+}
+
+TEST(ChoiceTest, EveryEnumeratorHasItsOwnSpelling) {
+  for (std::size_t i = 0; i < Choice<SchedulerType>::size(); ++i) {
+    const Choice<SchedulerType> c = Choice<SchedulerType>::name_at(i);
+    ASSERT_TRUE(c.is_valid()) << Choice<SchedulerType>::name_at(i);
+    EXPECT_EQ(static_cast<std::size_t>(c.value()), i);
+  }
+  EXPECT_EQ(Choice<SchedulerType>(SchedulerType::kConstantWithWarmup).name(),
+            "constant_with_warmup");
+}
+
+TEST(ChoiceTest, AnUnknownSpellingIsKeptUntilItsValueIsAsked) {
+  const Choice<OptimizerNames> c = "adam";
+  EXPECT_FALSE(c.is_valid());
+  EXPECT_EQ(c.name(), "adam");
+  EXPECT_TRUE(c == "adam");
+  EXPECT_FALSE(c == OptimizerNames::kAdamWTorch) << "an invalid choice equals no enumerator";
+  EXPECT_THAT([&] { (void)c.value(); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr(
+                  "adam is not a valid OptimizerNames, please select one of ['adamw_torch', "
+                  "'adamw_torch_fused', 'adamw_mantissa_fused', 'sgd']")));
+  // Case matters, as in Python's enums.
+  EXPECT_FALSE(Choice<SaveStrategy>("Steps").is_valid());
+}
+
+TEST(ChoiceTest, PrintsItsSpelling) {
+  std::ostringstream out;
+  out << Choice<SchedulerType>(SchedulerType::kCosine) << " " << Choice<SchedulerType>("bogus");
+  EXPECT_EQ(out.str(), "cosine bogus");
+}
+
+TEST(ChoiceTest, TrainingArgumentsFieldsTakeEnumsAndSpellings) {
+  auto args = mantissa::TrainingArguments().optim(OptimizerNames::kSgd).save_strategy("epoch");
+  EXPECT_EQ(args.optim(), "sgd");
+  EXPECT_EQ(args.save_strategy().value(), SaveStrategy::kEpoch);
+  const auto parsed = mantissa::TrainingArguments::parse({"--lr_scheduler_type", "cosine"});
+  EXPECT_EQ(parsed.lr_scheduler_type().value(), SchedulerType::kCosine);
+  const auto read = mantissa::TrainingArguments::from_json(args.to_json());
+  EXPECT_EQ(read.optim().value(), OptimizerNames::kSgd);
+  EXPECT_THAT(args.to_json(), HasSubstr("\"optim\": \"sgd\""));
+}
+
+}  // namespace
