@@ -18,12 +18,12 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/amp/tf32_guard.h>
@@ -56,7 +56,8 @@ double median_ms(const std::function<void()>& run, int repeats, int warmup = 3) 
 
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(fmt::format("{} failed: cuBLAS status {}", what, static_cast<int>(status)));
+    throw std::runtime_error(
+        fmt::format("{} failed: cuBLAS status {}", what, static_cast<int>(status)));
   }
 }
 
@@ -70,12 +71,13 @@ nlohmann::json bench_gemm(int64_t n, int repeats) {
   const auto flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   const double bf16_ms = median_ms(
       [&] {
-        check_cublas(cublasGemmEx(at::cuda::getCurrentCUDABlasHandle(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n),
-                                  static_cast<int>(n), static_cast<int>(n), &alpha, a.data_ptr(), CUDA_R_16BF,
-                                  static_cast<int>(n), b.data_ptr(), CUDA_R_16BF, static_cast<int>(n), &beta,
-                                  c.data_ptr(), CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
-                     "cublasGemmEx (bf16)");
+        check_cublas(
+            cublasGemmEx(at::cuda::getCurrentCUDABlasHandle(), CUBLAS_OP_N, CUBLAS_OP_N,
+                         static_cast<int>(n), static_cast<int>(n), static_cast<int>(n), &alpha,
+                         a.data_ptr(), CUDA_R_16BF, static_cast<int>(n), b.data_ptr(), CUDA_R_16BF,
+                         static_cast<int>(n), &beta, c.data_ptr(), CUDA_R_16BF, static_cast<int>(n),
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx (bf16)");
       },
       repeats);
 
@@ -89,11 +91,15 @@ nlohmann::json bench_gemm(int64_t n, int repeats) {
   const double fp32_on_ms = fp32_ms(true);
   const double peak = flops / (bf16_ms * 1e-3) / 1e12;
   fmt::print("GEMM {0}x{0}x{0}\n", n);
-  fmt::print("  bf16 cublasGemmEx        {:8.3f} ms  {:7.1f} TFLOP/s   (the MFU ceiling)\n", bf16_ms, peak);
-  fmt::print("  fp32 at::mm, tf32 off    {:8.3f} ms  {:7.1f} TFLOP/s\n", fp32_off_ms, flops / (fp32_off_ms * 1e-3) / 1e12);
-  fmt::print("  fp32 at::mm, tf32 on     {:8.3f} ms  {:7.1f} TFLOP/s   ({:.2f}x: tf32 {} cuBLAS's math mode)\n",
-             fp32_on_ms, flops / (fp32_on_ms * 1e-3) / 1e12, fp32_off_ms / fp32_on_ms,
-             fp32_off_ms / fp32_on_ms > 1.5 ? "changes" : "does NOT change");
+  fmt::print("  bf16 cublasGemmEx        {:8.3f} ms  {:7.1f} TFLOP/s   (the MFU ceiling)\n",
+             bf16_ms, peak);
+  fmt::print("  fp32 at::mm, tf32 off    {:8.3f} ms  {:7.1f} TFLOP/s\n", fp32_off_ms,
+             flops / (fp32_off_ms * 1e-3) / 1e12);
+  fmt::print(
+      "  fp32 at::mm, tf32 on     {:8.3f} ms  {:7.1f} TFLOP/s   ({:.2f}x: tf32 {} cuBLAS's math "
+      "mode)\n",
+      fp32_on_ms, flops / (fp32_on_ms * 1e-3) / 1e12, fp32_off_ms / fp32_on_ms,
+      fp32_off_ms / fp32_on_ms > 1.5 ? "changes" : "does NOT change");
   return {{"size", n},
           {"bf16_ms", bf16_ms},
           {"bf16_tflops", peak},
@@ -107,7 +113,8 @@ std::vector<torch::Tensor> make_params(int64_t numel, torch::Dtype dtype) {
   std::vector<torch::Tensor> params;
   constexpr int64_t kTensor = 4 << 20;
   for (int64_t left = numel; left > 0; left -= kTensor) {
-    auto p = torch::randn({std::min(left, kTensor)}, torch::TensorOptions().dtype(dtype).device(torch::kCUDA));
+    auto p = torch::randn({std::min(left, kTensor)},
+                          torch::TensorOptions().dtype(dtype).device(torch::kCUDA));
     p.mutable_grad() = torch::randn_like(p) * 1e-3;
     params.push_back(p.requires_grad_(true));
   }
@@ -117,14 +124,16 @@ std::vector<torch::Tensor> make_params(int64_t numel, torch::Dtype dtype) {
 nlohmann::json bench_adamw(int64_t numel, int repeats) {
   const auto bytes = static_cast<double>(numel) * 4;
   // The limit: a copy reads and writes each byte once.
-  const auto src = torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  const auto src =
+      torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
   auto dst = torch::empty_like(src);
   const double copy_ms = median_ms([&] { dst.copy_(src); }, repeats);
   const double copy_gbs = 2 * bytes / (copy_ms * 1e-3) / 1e9;
 
   // fp32 params: read p, g, m, v; write p, m, v.
   auto fp32 = make_params(numel, torch::kFloat);
-  mantissa::optim::FusedAdamW fp32_opt(fp32, mantissa::optim::FusedAdamWOptions(1e-4).weight_decay(0.01));
+  mantissa::optim::FusedAdamW fp32_opt(fp32,
+                                       mantissa::optim::FusedAdamWOptions(1e-4).weight_decay(0.01));
   const double fp32_ms = median_ms([&] { fp32_opt.step(); }, repeats);
   const double fp32_gbs = 7 * bytes / (fp32_ms * 1e-3) / 1e9;
 
@@ -132,16 +141,18 @@ nlohmann::json bench_adamw(int64_t numel, int repeats) {
   auto model = make_params(numel, torch::kBFloat16);
   mantissa::amp::MasterWeights masters(model);
   masters.copy_grads_to_masters();
-  mantissa::optim::FusedAdamW master_opt(masters, mantissa::optim::FusedAdamWOptions(1e-4).weight_decay(0.01));
+  mantissa::optim::FusedAdamW master_opt(
+      masters, mantissa::optim::FusedAdamWOptions(1e-4).weight_decay(0.01));
   const double master_ms = median_ms([&] { master_opt.step(); }, repeats);
   const double master_gbs = 7.5 * bytes / (master_ms * 1e-3) / 1e9;
 
   fmt::print("FusedAdamW step, {}M parameters\n", numel / 1000000);
-  fmt::print("  device-to-device copy    {:8.3f} ms  {:7.0f} GB/s   (the limit)\n", copy_ms, copy_gbs);
-  fmt::print("  fp32 params              {:8.3f} ms  {:7.0f} GB/s   {:5.1f}% of copy\n", fp32_ms, fp32_gbs,
-             100 * fp32_gbs / copy_gbs);
-  fmt::print("  fp32 masters -> bf16     {:8.3f} ms  {:7.0f} GB/s   {:5.1f}% of copy\n", master_ms, master_gbs,
-             100 * master_gbs / copy_gbs);
+  fmt::print("  device-to-device copy    {:8.3f} ms  {:7.0f} GB/s   (the limit)\n", copy_ms,
+             copy_gbs);
+  fmt::print("  fp32 params              {:8.3f} ms  {:7.0f} GB/s   {:5.1f}% of copy\n", fp32_ms,
+             fp32_gbs, 100 * fp32_gbs / copy_gbs);
+  fmt::print("  fp32 masters -> bf16     {:8.3f} ms  {:7.0f} GB/s   {:5.1f}% of copy\n", master_ms,
+             master_gbs, 100 * master_gbs / copy_gbs);
   return {{"params", numel},
           {"copy_ms", copy_ms},
           {"copy_gbs", copy_gbs},
@@ -156,14 +167,18 @@ nlohmann::json bench_adamw(int64_t numel, int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"The GPU's GEMM peak and copy bandwidth, against cuBLAS with tf32 and FusedAdamW's step"};
+  CLI::App app{
+      "The GPU's GEMM peak and copy bandwidth, against cuBLAS with tf32 and FusedAdamW's step"};
   int64_t gemm_size = 8192;
   int64_t adamw_millions = 100;
   int repeats = 20;
-  app.add_option("--gemm_size", gemm_size, "M = N = K of the timed GEMMs")->check(CLI::PositiveNumber);
-  app.add_option("--adamw_millions", adamw_millions, "parameters of the optimizer step, in millions")
+  app.add_option("--gemm_size", gemm_size, "M = N = K of the timed GEMMs")
       ->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "timed runs per figure (the median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--adamw_millions", adamw_millions,
+                 "parameters of the optimizer step, in millions")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timed runs per figure (the median is reported)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "gpu_bench: no CUDA device on this machine; nothing measured\n");

@@ -29,20 +29,20 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
 
 #include <mantissa/amp/autocast.h>
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/clip_grad.h>
-#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
+#include "io/filesystem.h"
 
 #include "fashion_models.h"
 #include "idx_dataset.h"
@@ -53,10 +53,12 @@ using Clock = std::chrono::steady_clock;
 using mantissa::examples::FashionMnist;
 
 struct Config {
-  std::string impl = "trainer";        // trainer | hand
-  std::string model = "mlp";           // mlp | cnn
-  std::string precision = "bf16";      // fp32 | bf16 (autocast) | bf16_masters (bf16 model + fp32 masters)
-  std::string optim = "adamw_torch_fused";  // the Trainer's --optim: adamw_torch | adamw_torch_fused
+  std::string impl = "trainer";  // trainer | hand
+  std::string model = "mlp";     // mlp | cnn
+  std::string precision =
+      "bf16";  // fp32 | bf16 (autocast) | bf16_masters (bf16 model + fp32 masters)
+  std::string optim =
+      "adamw_torch_fused";  // the Trainer's --optim: adamw_torch | adamw_torch_fused
   std::int64_t steps = 200;
   std::int64_t warmup = 20;
   std::int64_t batch_size = 64;
@@ -84,7 +86,8 @@ double status_mib(const std::string& key) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;  // kB
+    if (line.rfind(key + ":", 0) == 0)
+      return std::stod(line.substr(key.size() + 1)) / 1024.0;  // kB
   }
   return -1.0;
 }
@@ -98,13 +101,12 @@ struct OpCounter {
     return counter;
   }
   void install() {
-    at::addGlobalCallback(at::RecordFunctionCallback(
-                              [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-                                auto& self = instance();
-                                if (self.counting) ++self.by_name[fn.name()];
-                                return nullptr;
-                              })
-                              .scopes({at::RecordScope::FUNCTION}));
+    at::addGlobalCallback(at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                                         -> std::unique_ptr<at::ObserverContext> {
+                            auto& self = instance();
+                            if (self.counting) ++self.by_name[fn.name()];
+                            return nullptr;
+                          }).scopes({at::RecordScope::FUNCTION}));
   }
   std::int64_t total() const {
     std::int64_t n = 0;
@@ -133,7 +135,8 @@ struct StepClock {
   std::vector<double> step_seconds;
   void step_ended(std::int64_t completed) {
     const auto now = Clock::now();
-    if (completed > warmup && completed <= total) step_seconds.push_back(std::chrono::duration<double>(now - last).count());
+    if (completed > warmup && completed <= total)
+      step_seconds.push_back(std::chrono::duration<double>(now - last).count());
     last = now;
     if (completed == warmup) {
       start = now;
@@ -151,7 +154,9 @@ struct StepClock {
   double median_step_seconds() const {
     auto v = step_seconds;
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return v.empty()      ? 0.0
+           : v.size() % 2 ? v[v.size() / 2]
+                          : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   }
 };
 
@@ -201,17 +206,21 @@ Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (c.fused()) {
     const auto options = mantissa::optim::FusedAdamWOptions(c.lr).weight_decay(0.0);
-    optimizer = masters ? std::make_unique<mantissa::optim::FusedAdamW>(*masters, options)  // writes the bf16 model too
+    optimizer = masters ? std::make_unique<mantissa::optim::FusedAdamW>(
+                              *masters, options)  // writes the bf16 model too
                         : std::make_unique<mantissa::optim::FusedAdamW>(params, options);
   } else {
-    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(0.0));
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(0.0));
   }
   mantissa::LrScheduler scheduler(*optimizer, "linear", /*num_warmup_steps=*/0, c.total_steps());
 
-  torch::manual_seed(static_cast<std::uint64_t>(c.seed));  // dropout, as the Trainer seeds at train()
+  torch::manual_seed(
+      static_cast<std::uint64_t>(c.seed));  // dropout, as the Trainer seeds at train()
   model->train();
-  const auto order = torch::randperm(data.images().size(0),
-                                     at::detail::createCPUGenerator(static_cast<std::uint64_t>(c.seed)), torch::kLong);
+  const auto order = torch::randperm(
+      data.images().size(0), at::detail::createCPUGenerator(static_cast<std::uint64_t>(c.seed)),
+      torch::kLong);
   auto loss_sum = torch::zeros({}, torch::kFloat);
   StepClock clock{c.warmup, c.total_steps(), {}, {}};
   for (std::int64_t step = 0; step < c.total_steps(); ++step) {
@@ -234,7 +243,8 @@ Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
     if (masters) masters->zero_grad();
     clock.step_ended(step + 1);
   }
-  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), loss_sum.item<double>() / static_cast<double>(c.total_steps())};
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(),
+          loss_sum.item<double>() / static_cast<double>(c.total_steps())};
 }
 
 template <typename Model>
@@ -249,14 +259,16 @@ Measurement run(const Config& c, FashionMnist data, double& setup_rss_mib) {
 
 int main(int argc, char** argv) try {
   Config c;
-  CLI::App app{"One Fashion-MNIST training run through mantissa's Trainer or a hand-written LibTorch loop; "
-               "prints one JSON line."};
+  CLI::App app{
+      "One Fashion-MNIST training run through mantissa's Trainer or a hand-written LibTorch loop; "
+      "prints one JSON line."};
   app.add_option("--impl", c.impl, "trainer or hand")->check(CLI::IsMember({"trainer", "hand"}));
   app.add_option("--model", c.model, "mlp (784-256-256-10) or cnn (examples/fashion_mnist)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--precision", c.precision, "fp32, bf16 (autocast, fp32 weights) or bf16_masters")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16_masters"}));
-  app.add_option("--optim", c.optim, "adamw_torch (torch::optim::AdamW) or adamw_torch_fused (mantissa FusedAdamW)")
+  app.add_option("--optim", c.optim,
+                 "adamw_torch (torch::optim::AdamW) or adamw_torch_fused (mantissa FusedAdamW)")
       ->check(CLI::IsMember({"adamw_torch", "adamw_torch_fused"}));
   app.add_option("--steps", c.steps, "timed optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", c.warmup, "untimed steps before them")->check(CLI::PositiveNumber);
@@ -266,7 +278,8 @@ int main(int argc, char** argv) try {
   app.add_option("--seed", c.seed);
   app.add_option("--data_dir", c.data_dir);
   app.add_flag("--count_ops", c.count_ops,
-               "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by name on stderr); "
+               "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by "
+               "name on stderr); "
                "slows the run down, so its times are not comparable");
   CLI11_PARSE(app, argc, argv);
 
@@ -274,30 +287,37 @@ int main(int argc, char** argv) try {
   at::set_num_threads(c.threads);
   FashionMnist data(c.data_dir, FashionMnist::Split::kTrain);
   TORCH_CHECK_VALUE(c.total_steps() * c.batch_size <= data.images().size(0),
-                    "warmup + steps must fit in one epoch (", data.images().size(0) / c.batch_size, " batches of ",
-                    c.batch_size, ")");
+                    "warmup + steps must fit in one epoch (", data.images().size(0) / c.batch_size,
+                    " batches of ", c.batch_size, ")");
 
   if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
-  const auto m = c.model == "mlp" ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
-                                  : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
+  const auto m = c.model == "mlp"
+                     ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
+                     : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
   std::string ops_json;
   if (c.count_ops) {
     const auto& counter = OpCounter::instance();
-    ops_json = ",\"ops_per_step\":" + std::to_string(static_cast<double>(counter.total()) / static_cast<double>(c.steps));
+    ops_json = ",\"ops_per_step\":" +
+               std::to_string(static_cast<double>(counter.total()) / static_cast<double>(c.steps));
     for (const auto& [name, count] : counter.by_name) {
-      std::fprintf(stderr, "%10.2f %s\n", static_cast<double>(count) / static_cast<double>(c.steps), name.c_str());
+      std::fprintf(stderr, "%10.2f %s\n", static_cast<double>(count) / static_cast<double>(c.steps),
+                   name.c_str());
     }
   }
   std::printf(
-      "{\"bench\":\"trainer_anchor\",\"impl\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\",\"optim\":\"%s\","
+      "{\"bench\":\"trainer_anchor\",\"impl\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\","
+      "\"optim\":\"%s\","
       "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
-      "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
+      "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,"
+      "\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
       "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"%s}\n",
-      c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(), static_cast<long long>(c.batch_size),
-      static_cast<long long>(c.warmup), static_cast<long long>(c.steps), at::get_num_threads(), default_threads,
-      m.seconds, m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
-      static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib, status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
+      c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(),
+      static_cast<long long>(c.batch_size), static_cast<long long>(c.warmup),
+      static_cast<long long>(c.steps), at::get_num_threads(), default_threads, m.seconds,
+      m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
+      static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib,
+      status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());

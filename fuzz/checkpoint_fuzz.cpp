@@ -21,10 +21,10 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
-#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>
+#include "io/filesystem.h"
 
 #include "fuzz_util.h"
 #include "io/atomic_file.h"
@@ -33,9 +33,9 @@
 namespace {
 
 // The selector byte's meaning: input[0] % kFiles.size().
-const std::vector<std::string> kFiles = {"scaler.pt",         "scheduler.pt",      "rng_state.pth",
-                                         "optimizer.pt",      "master_weights.pt", "trainer_state.json",
-                                         "model.safetensors"};
+const std::vector<std::string> kFiles = {
+    "scaler.pt",         "scheduler.pt",       "rng_state.pth",    "optimizer.pt",
+    "master_weights.pt", "trainer_state.json", "model.safetensors"};
 
 // Everything a checkpoint restores into, built the same way for the save and for each load.
 struct Run {
@@ -114,9 +114,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::size_t which = data[0] % kFiles.size();
   const std::string path = mantissa::io::join_path(saved.dir, kFiles[which]);
-  mantissa_fuzz::write_bytes(path, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+  mantissa_fuzz::write_bytes(path,
+                             std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
   Run run;
-  mantissa_fuzz::expect_no_crash([&] { mantissa::detail::load_checkpoint(saved.dir, run.parts()); });
+  mantissa_fuzz::expect_no_crash(
+      [&] { mantissa::detail::load_checkpoint(saved.dir, run.parts()); });
   mantissa_fuzz::write_bytes(path, saved.originals[which]);
   return 0;
 }

@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 1; i < words.size(); ++i) {
     const auto& word = words[i];
     const bool short_flags = word.size() >= 2 && word[0] == '-' && word[1] != '-';
-    if (word.rfind("--help", 0) == 0 || (short_flags && word.find('h') != std::string::npos)) return 0;
+    if (word.rfind("--help", 0) == 0 || (short_flags && word.find('h') != std::string::npos))
+      return 0;
   }
   // A lone "x.json" argument is read as a file; it names no file here, which is a refusal.
   std::vector<const char*> argv;
@@ -33,6 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   argv.push_back(nullptr);
   const int argc = static_cast<int>(words.size());
   mantissa_fuzz::expect_no_crash([&] { mantissa::TrainingArguments::parse(argc, argv.data()); });
-  mantissa_fuzz::expect_no_crash([&] { mantissa::TrainingArguments::parse_known(argc, argv.data()); });
+  mantissa_fuzz::expect_no_crash(
+      [&] { mantissa::TrainingArguments::parse_known(argc, argv.data()); });
   return 0;
 }

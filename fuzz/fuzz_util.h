@@ -3,8 +3,8 @@
 // a reader of outside bytes may refuse them with an exception but must not crash.
 
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>

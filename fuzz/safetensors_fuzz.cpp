@@ -4,11 +4,11 @@
 #include <cstdint>
 #include <string_view>
 
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
-#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
+#include "io/filesystem.h"
 
 #include "fuzz_util.h"
 
@@ -28,7 +28,8 @@ struct Small : torch::nn::Module {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const std::string path = mantissa::io::join_path(mantissa_fuzz::scratch_dir(), "input.safetensors");
+  static const std::string path =
+      mantissa::io::join_path(mantissa_fuzz::scratch_dir(), "input.safetensors");
   static Small module;
   mantissa_fuzz::write_bytes(path, std::string_view(reinterpret_cast<const char*>(data), size));
   mantissa_fuzz::expect_no_crash([&] {
@@ -38,6 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   });
   mantissa_fuzz::expect_no_crash([&] { mantissa::io::load_safetensors_metadata(path); });
-  mantissa_fuzz::expect_no_crash([&] { mantissa::io::load_module_safetensors(path, module, /*strict=*/false, true); });
+  mantissa_fuzz::expect_no_crash(
+      [&] { mantissa::io::load_module_safetensors(path, module, /*strict=*/false, true); });
   return 0;
 }

@@ -57,10 +57,11 @@ void check_precision_support(const TrainingArguments& args, const DeviceInfo& in
     const char* field = args.bf16() ? "bf16" : "bf16_full_eval";
     // bf16 autocast runs on any CPU; on CUDA it needs Ampere (sm_80) tensor cores. An unknown
     // capability (library built without the CUDA runtime) is let through.
-    TORCH_CHECK_VALUE(!on_cuda || !capability_known || info.cuda_capability_major >= 8,
-                      "Your setup doesn't support bf16/gpu. You need Ampere+ GPU with cuda>=11.0. (",
-                      field, "=True, but cuda:0 has compute capability ", capability,
-                      "; use --fp16 there, or --use_cpu to train on the CPU)");
+    TORCH_CHECK_VALUE(
+        !on_cuda || !capability_known || info.cuda_capability_major >= 8,
+        "Your setup doesn't support bf16/gpu. You need Ampere+ GPU with cuda>=11.0. (", field,
+        "=True, but cuda:0 has compute capability ", capability,
+        "; use --fp16 there, or --use_cpu to train on the CPU)");
   }
   if (args.fp16() || args.fp16_full_eval()) {
     const char* field = args.fp16() ? "fp16" : "fp16_full_eval";
@@ -68,7 +69,8 @@ void check_precision_support(const TrainingArguments& args, const DeviceInfo& in
                       "FP16 Mixed precision training with AMP or APEX (`--fp16`) and FP16 half "
                       "precision evaluation (`--fp16_full_eval`) can only be used on CUDA "
                       "devices. (",
-                      field, "=True on the CPU, and this LibTorch has no float16 CPU kernels; "
+                      field,
+                      "=True on the CPU, and this LibTorch has no float16 CPU kernels; "
                       "use --bf16 on the CPU)");
   }
   if (args.tf32().value_or(false)) {

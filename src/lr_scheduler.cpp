@@ -106,8 +106,10 @@ LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, const Choice<Schedu
 }
 
 LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
-    : optimizer_(&optimizer), type_("lambda"),
-      lr_lambda_(std::move(lr_lambda)), num_warmup_steps_(0),
+    : optimizer_(&optimizer),
+      type_("lambda"),
+      lr_lambda_(std::move(lr_lambda)),
+      num_warmup_steps_(0),
       num_training_steps_(0) {
   TORCH_CHECK_VALUE(static_cast<bool>(lr_lambda_), "LrScheduler: the lr_lambda is empty");
   TORCH_CHECK(!optimizer.param_groups().empty(), "LrScheduler: the optimizer has no param groups");
@@ -179,7 +181,8 @@ void LrScheduler::load_state_dict(const c10::impl::GenericDict& state) {
   auto check_rates = [](const std::vector<double>& rates, const char* key) {
     for (std::size_t i = 0; i < rates.size(); ++i) {
       TORCH_CHECK_VALUE(std::isfinite(rates[i]) && rates[i] >= 0, "LrScheduler state dict: '", key,
-                        "'[", i, "] is ", rates[i], ", but a learning rate must be a finite number >= 0");
+                        "'[", i, "] is ", rates[i],
+                        ", but a learning rate must be a finite number >= 0");
     }
   };
   check_rates(base_lrs, "base_lrs");

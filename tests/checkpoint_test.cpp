@@ -15,8 +15,8 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "io/filesystem.h"
 #include <mantissa/trainer.h>
+#include "io/filesystem.h"
 
 #include "io/atomic_file.h"
 #include "io/torch_save.h"

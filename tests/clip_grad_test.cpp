@@ -9,8 +9,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/clip_grad.h>
 
@@ -32,7 +32,8 @@ using ::testing::ThrowsMessage;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Parameters with gradients drawn from a fixed seed; `dtypes` gives one entry per parameter.
-std::vector<torch::Tensor> make_params(const std::vector<torch::ScalarType>& dtypes, double scale, int seed) {
+std::vector<torch::Tensor> make_params(const std::vector<torch::ScalarType>& dtypes, double scale,
+                                       int seed) {
   torch::manual_seed(seed);
   std::vector<torch::Tensor> params;
   int64_t size = 3;
@@ -75,15 +76,17 @@ TEST_P(ClipGradVsLibTorchTest, SameNormAndClippedGrads) {
     if (max_norm < expected) {
       std::vector<torch::Tensor> flat;
       for (const auto& p : ours) flat.push_back(p.grad().flatten());
-      EXPECT_NEAR(torch::linalg_vector_norm(torch::cat(flat), norm_type).item<double>(), max_norm, 1e-5);
+      EXPECT_NEAR(torch::linalg_vector_norm(torch::cat(flat), norm_type).item<double>(), max_norm,
+                  1e-5);
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(NormTypes, ClipGradVsLibTorchTest, ::testing::Values(2.0, 1.0, kInf, 3.0),
                          [](const ::testing::TestParamInfo<double>& info) {
-                           return std::isinf(info.param) ? std::string("Inf")
-                                                         : "P" + std::to_string(static_cast<int>(info.param));
+                           return std::isinf(info.param)
+                                      ? std::string("Inf")
+                                      : "P" + std::to_string(static_cast<int>(info.param));
                          });
 
 TEST(ClipGradTest, SkipsParamsWithoutGradsAndHandlesNone) {
@@ -121,12 +124,12 @@ TEST(ClipGradTest, ErrorIfNonfiniteUsesPythonsTextAndLeavesGrads) {
   auto params = make_params({torch::kFloat, torch::kFloat}, 1.0, 9);
   params[0].mutable_grad()[1][0] = std::numeric_limits<float>::quiet_NaN();
   const auto before = params[1].grad().clone();
-  EXPECT_THAT(
-      [&] { mantissa::clip_grad_norm_(params, 1.0, 2.0, /*error_if_nonfinite=*/true); },
-      ThrowsMessage<c10::Error>(HasSubstr(
-          "The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
-          "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
-          "`error_if_nonfinite=False`")));
+  EXPECT_THAT([&] { mantissa::clip_grad_norm_(params, 1.0, 2.0, /*error_if_nonfinite=*/true); },
+              ThrowsMessage<c10::Error>(HasSubstr("The total norm of order 2.0 for gradients from "
+                                                  "`parameters` is non-finite, so it cannot be "
+                                                  "clipped. To disable this error and scale the "
+                                                  "gradients by the non-finite norm anyway, set "
+                                                  "`error_if_nonfinite=False`")));
   EXPECT_TRUE(torch::equal(params[1].grad(), before)) << "raises before clipping anything";
   EXPECT_THAT([&] { mantissa::clip_grad_norm_(params, 1.0, kInf, true); },
               ThrowsMessage<c10::Error>(HasSubstr("The total norm of order inf for gradients")));
@@ -173,7 +176,8 @@ torch::ScalarType dtype_named(const std::string& name) {
   throw std::runtime_error("unknown dtype " + name);
 }
 
-torch::Tensor tensor_from(const json& values, const std::vector<int64_t>& shape, torch::ScalarType dtype) {
+torch::Tensor tensor_from(const json& values, const std::vector<int64_t>& shape,
+                          torch::ScalarType dtype) {
   std::vector<double> data;
   for (const auto& v : values) data.push_back(decode(v));
   return torch::tensor(data, torch::kDouble).reshape(shape).to(dtype);
@@ -216,7 +220,8 @@ TEST(ClipGradGoldenTest, MatchesPythonClipGradNorm) {
       params.push_back(p);
       dtypes.push_back(dtype);
     }
-    const auto total = mantissa::clip_grad_norm_(params, c["max_norm"].get<double>(), decode(c["norm_type"]));
+    const auto total =
+        mantissa::clip_grad_norm_(params, c["max_norm"].get<double>(), decode(c["norm_type"]));
     EXPECT_EQ(total.scalar_type(), dtype_named(c["total_norm_dtype"].get<std::string>()));
     // 1e-6 where every gradient is fp32/fp64: another CPU sums in another order, a few fp32 ulps
     // apart. A bf16/fp16 gradient's own norm is rounded to its dtype (as Python does), and a
@@ -235,7 +240,8 @@ TEST(ClipGradGoldenTest, MatchesPythonClipGradNorm) {
       const auto got = params[i].grad().to(torch::kDouble).flatten();
       ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
       for (int64_t k = 0; k < got.numel(); ++k) {
-        expect_close(got[k].item<double>(), decode(want[k]), rtol, "grad " + std::to_string(i) + "[" + std::to_string(k) + "]");
+        expect_close(got[k].item<double>(), decode(want[k]), rtol,
+                     "grad " + std::to_string(i) + "[" + std::to_string(k) + "]");
       }
     }
   }
@@ -276,7 +282,8 @@ TEST(ClipGradCudaTest, MatchesCpuAndNeverSyncs) {
   EXPECT_EQ(gpu_total.dim(), 0);
   EXPECT_NEAR(gpu_total.item<double>(), cpu_total.item<double>(), 1e-5 * cpu_total.item<double>());
   for (std::size_t i = 0; i < cpu.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(gpu[i].grad().cpu().to(torch::kFloat), cpu[i].grad().to(torch::kFloat), 1e-2, 1e-5));
+    EXPECT_TRUE(torch::allclose(gpu[i].grad().cpu().to(torch::kFloat),
+                                cpu[i].grad().to(torch::kFloat), 1e-2, 1e-5));
   }
 }
 

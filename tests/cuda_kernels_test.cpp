@@ -38,7 +38,8 @@ TEST(UnscaleCudaTest, Bf16MatchesCpuTwin) {
 TEST(GradScalerCudaTest, Bf16ParamsStepThroughScalerOnCuda) {
   MANTISSA_SKIP_WITHOUT_CUDA();
   // pytorch issue #127176: bf16 grads on CUDA through GradScaler fail in PyTorch.
-  auto p = torch::zeros({8}, torch::dtype(torch::kBFloat16).device(torch::kCUDA).requires_grad(true));
+  auto p =
+      torch::zeros({8}, torch::dtype(torch::kBFloat16).device(torch::kCUDA).requires_grad(true));
   torch::optim::SGD opt({p}, 0.5);
   mantissa::amp::GradScaler scaler;
   scaler.scale(p.to(torch::kFloat).sum()).backward();

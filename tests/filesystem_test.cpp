@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <c10/util/Exception.h>
 
 #include "io/filesystem.h"
 
@@ -116,11 +116,13 @@ TEST(FilesystemTest, ListDirectoryIsSortedWithoutDotEntries) {
     write_raw_file(dir.file(name), "");
   }
   create_directories(dir.file("sub"));
-  EXPECT_EQ(list_directory(dir.path()),
-            (std::vector<std::string>{".hidden", "A", "b", "checkpoint-100", "checkpoint-20", "sub"}));
+  EXPECT_EQ(
+      list_directory(dir.path()),
+      (std::vector<std::string>{".hidden", "A", "b", "checkpoint-100", "checkpoint-20", "sub"}));
   EXPECT_TRUE(list_directory(dir.file("sub")).empty());
-  EXPECT_THAT([&] { list_directory(dir.file("missing")); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr(dir.file("missing")), HasSubstr("No such file"))));
+  EXPECT_THAT(
+      [&] { list_directory(dir.file("missing")); },
+      ThrowsMessage<c10::Error>(AllOf(HasSubstr(dir.file("missing")), HasSubstr("No such file"))));
   EXPECT_THAT([&] { list_directory(dir.file("b")); },
               ThrowsMessage<c10::Error>(HasSubstr("Not a directory")));
 }
@@ -137,9 +139,10 @@ TEST(FilesystemTest, RenamePathMovesFilesAndFolders) {
   rename_path(dir.file("tmp-checkpoint-5"), dir.file("checkpoint-5"));
   EXPECT_TRUE(is_directory(dir.file("checkpoint-5/inner")));
 
-  EXPECT_THAT([&] { rename_path(dir.file("absent"), dir.file("target")); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr(dir.file("absent")), HasSubstr(dir.file("target")),
-                                              HasSubstr("No such file"))));
+  EXPECT_THAT(
+      [&] { rename_path(dir.file("absent"), dir.file("target")); },
+      ThrowsMessage<c10::Error>(AllOf(HasSubstr(dir.file("absent")), HasSubstr(dir.file("target")),
+                                      HasSubstr("No such file"))));
 }
 
 TEST(FilesystemTest, MakeTempDirectoryCreatesUniquePrivateFolders) {

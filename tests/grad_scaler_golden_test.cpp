@@ -11,8 +11,8 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/amp/grad_scaler.h>
 #include "golden_util.h"
@@ -40,7 +40,8 @@ TEST_P(GradScalerGoldenTest, MatchesTorchAmpGradScaler) {
   const auto& scenario = doc["scenarios"][GetParam()];
   const auto& settings = scenario["settings"];
 
-  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                              torch::nn::Linear(16, 4));
   auto params = model->named_parameters();
   {
     torch::NoGradGuard no_grad;
@@ -48,8 +49,9 @@ TEST_P(GradScalerGoldenTest, MatchesTorchAmpGradScaler) {
       item.value().copy_(tensor_from(doc["initial_params"][item.key()], item.value().sizes()));
     }
   }
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(doc["optimizer"]["lr"].get<double>())
-                                                       .momentum(doc["optimizer"]["momentum"].get<double>()));
+  torch::optim::SGD optimizer(model->parameters(),
+                              torch::optim::SGDOptions(doc["optimizer"]["lr"].get<double>())
+                                  .momentum(doc["optimizer"]["momentum"].get<double>()));
   GradScaler scaler(GradScalerOptions()
                         .init_scale(settings["init_scale"].get<double>())
                         .growth_factor(settings["growth_factor"].get<double>())
@@ -69,7 +71,7 @@ TEST_P(GradScalerGoldenTest, MatchesTorchAmpGradScaler) {
     const auto inject = doc["inject"].find(std::to_string(step));
     if (inject != doc["inject"].end()) {
       const auto kind = (*inject)[0].get<std::string>();
-      const float value = kind == "nan" ? std::numeric_limits<float>::quiet_NaN()
+      const float value = kind == "nan"   ? std::numeric_limits<float>::quiet_NaN()
                           : kind == "inf" ? std::numeric_limits<float>::infinity()
                                           : -std::numeric_limits<float>::infinity();
       torch::NoGradGuard no_grad;

@@ -62,8 +62,9 @@ void run_scaling_case(const RunFn& run, int unskipped, int skipped, double atol 
   for (bool enabled : {true, false}) {
     SCOPED_TRACE(enabled ? "enabled" : "disabled");
     ScalingCase c;
-    GradScaler scaler(GradScalerOptions().init_scale(128.).growth_factor(2.0).enabled(enabled)
-                          .growth_interval(1));
+    GradScaler scaler(
+        GradScalerOptions().init_scale(128.).growth_factor(2.0).enabled(enabled).growth_interval(
+            1));
     run(c, c.mod_control, *c.opt_control, scaler, false);
     run(c, c.mod_scaling, *c.opt_scaling, scaler, true);
     const double expected = enabled ? 128. * std::pow(scaler.get_growth_factor(), unskipped) *
@@ -74,8 +75,8 @@ void run_scaling_case(const RunFn& run, int unskipped, int skipped, double atol 
     auto scaling = c.mod_scaling->parameters();
     for (size_t i = 0; i < control.size(); ++i) {
       EXPECT_TRUE(torch::allclose(control[i], scaling[i], /*rtol=*/1e-5, atol))
-          << "parameter " << i << " differs: max |diff| = "
-          << (control[i] - scaling[i]).abs().max().item<double>();
+          << "parameter " << i
+          << " differs: max |diff| = " << (control[i] - scaling[i]).abs().max().item<double>();
     }
   }
 }
@@ -98,7 +99,8 @@ TEST(GradScalerTest, Defaults) {
 
 TEST(GradScalerTest, RejectsBadFactorsNamingTheValue) {
   EXPECT_THAT([] { GradScaler(GradScalerOptions().growth_factor(0.9)); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("The growth factor must be > 1.0. Got growth_factor=0.9")));
+              ThrowsMessage<c10::ValueError>(
+                  HasSubstr("The growth factor must be > 1.0. Got growth_factor=0.9")));
   EXPECT_THAT([] { GradScaler(GradScalerOptions().backoff_factor(1.5)); },
               ThrowsMessage<c10::ValueError>(HasSubstr("The backoff factor must be < 1.0")));
   EXPECT_THAT([] { GradScaler(GradScalerOptions().growth_interval(0)); },
@@ -115,7 +117,8 @@ TEST(GradScalerTest, ScaleCreatesScaleOnFirstUseAndMultiplies) {
   ASSERT_TRUE(scaler.scale_tensor().defined());
   EXPECT_EQ(scaler.scale_tensor().dim(), 0);
   EXPECT_EQ(scaler.scale_tensor().scalar_type(), torch::kFloat);
-  auto outs = scaler.scale(std::vector<torch::Tensor>{torch::full({1}, 4.0), torch::full({2}, 1.0)});
+  auto outs =
+      scaler.scale(std::vector<torch::Tensor>{torch::full({1}, 4.0), torch::full({2}, 1.0)});
   EXPECT_EQ(outs[0].item<float>(), 8.0f);
   EXPECT_TRUE(torch::equal(outs[1], torch::full({2}, 2.0)));
 }
@@ -130,8 +133,8 @@ TEST(GradScalerTest, ScaleFollowsPythonTypePromotion) {
 
 // test_grad_scaling_update_scale: growth 2, backoff 0.25, interval 2, scale 4.
 TEST(GradScalerTest, UpdateScaleTrajectory) {
-  GradScaler scaler(GradScalerOptions().init_scale(4.).growth_factor(2.).backoff_factor(0.25)
-                        .growth_interval(2));
+  GradScaler scaler(
+      GradScalerOptions().init_scale(4.).growth_factor(2.).backoff_factor(0.25).growth_interval(2));
   auto p = torch::zeros({3}, torch::requires_grad());
   torch::optim::SGD opt({p}, 0.1);
   auto iterate = [&](bool inf) {
@@ -296,8 +299,9 @@ TEST(GradScalerTest, MultipleModelsOptimizersAndLosses) {
     ScalingCase c0;
     ScalingCase c1;
     const auto& data = c0.data;
-    GradScaler scaler(GradScalerOptions().init_scale(128.).growth_factor(2.0).enabled(enabled)
-                          .growth_interval(1));
+    GradScaler scaler(
+        GradScalerOptions().init_scale(128.).growth_factor(2.0).enabled(enabled).growth_interval(
+            1));
     auto run = [&](torch::nn::Sequential& model0, torch::nn::Sequential& model1,
                    torch::optim::Optimizer& optimizer0, torch::optim::Optimizer& optimizer1,
                    bool try_scaling_api) {
@@ -384,16 +388,19 @@ TEST(GradScalerTest, StageErrorsUsePytorchWording) {
   EXPECT_THAT([&] { scaler.update(); },
               ThrowsMessage<c10::Error>(HasSubstr("No inf checks were recorded prior to update.")));
   scaler.unscale_(opt);
-  EXPECT_THAT([&] { scaler.unscale_(opt); },
-              ThrowsMessage<c10::Error>(HasSubstr(
-                  "unscale_() has already been called on this optimizer since the last update().")));
+  EXPECT_THAT(
+      [&] { scaler.unscale_(opt); },
+      ThrowsMessage<c10::Error>(HasSubstr(
+          "unscale_() has already been called on this optimizer since the last update().")));
   scaler.step(opt);
   EXPECT_THAT([&] { scaler.unscale_(opt); },
               ThrowsMessage<c10::Error>(HasSubstr("unscale_() is being called after step().")));
   EXPECT_THAT([&] { scaler.step(opt); },
-              ThrowsMessage<c10::Error>(HasSubstr("step() has already been called since the last update().")));
+              ThrowsMessage<c10::Error>(
+                  HasSubstr("step() has already been called since the last update().")));
   EXPECT_THAT([&] { scaler.step(opt, [] { return torch::zeros({}); }); },
-              ThrowsMessage<c10::Error>(HasSubstr("Closure use is not currently supported if GradScaler is enabled.")));
+              ThrowsMessage<c10::Error>(
+                  HasSubstr("Closure use is not currently supported if GradScaler is enabled.")));
   scaler.update();
   EXPECT_NO_THROW(scaler.unscale_(opt)) << "update() resets every optimizer to READY";
 }
@@ -403,8 +410,9 @@ TEST(GradScalerTest, StepWithoutGradsReportsNoInfChecks) {
   scaler.scale(torch::ones({}));
   auto p = torch::zeros({3}, torch::requires_grad());
   torch::optim::SGD opt({p}, 1.0);
-  EXPECT_THAT([&] { scaler.step(opt); },
-              ThrowsMessage<c10::Error>(HasSubstr("No inf checks were recorded for this optimizer.")));
+  EXPECT_THAT(
+      [&] { scaler.step(opt); },
+      ThrowsMessage<c10::Error>(HasSubstr("No inf checks were recorded for this optimizer.")));
 }
 
 TEST(GradScalerTest, DisabledScalerPassesThrough) {
@@ -442,14 +450,15 @@ TEST(GradScalerTest, UpdateWithExplicitScale) {
 // test_grad_scaling_state_dict, with lazy and eager initialisation of the target.
 TEST(GradScalerTest, StateDictRoundTrip) {
   for (bool lazy_init_scale : {true, false}) {
-    GradScaler s0(GradScalerOptions().init_scale(3.).growth_factor(4.).backoff_factor(.5)
-                      .growth_interval(2));
-    GradScaler s1(GradScalerOptions().init_scale(6.).growth_factor(7.).backoff_factor(.8)
-                      .growth_interval(1));
+    GradScaler s0(
+        GradScalerOptions().init_scale(3.).growth_factor(4.).backoff_factor(.5).growth_interval(2));
+    GradScaler s1(
+        GradScalerOptions().init_scale(6.).growth_factor(7.).backoff_factor(.8).growth_interval(1));
     if (lazy_init_scale) s1.scale(torch::full({1}, 4.0));
     const auto state = s0.state_dict();
     EXPECT_EQ(state.size(), 5u);
-    for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}) {
+    for (const char* key :
+         {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}) {
       EXPECT_TRUE(state.contains(key)) << key;
     }
     s1.load_state_dict(state);
@@ -463,9 +472,12 @@ TEST(GradScalerTest, StateDictRoundTrip) {
 
 TEST(GradScalerTest, LoadingEmptyStateDictRaises) {
   GradScaler scaler;
-  EXPECT_THAT([&] { scaler.load_state_dict(c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())); },
-              ThrowsMessage<c10::Error>(HasSubstr("The source state dict is empty, possibly because "
-                                                  "it was saved from a disabled instance of GradScaler.")));
+  EXPECT_THAT(
+      [&] {
+        scaler.load_state_dict(c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+      },
+      ThrowsMessage<c10::Error>(HasSubstr("The source state dict is empty, possibly because "
+                                          "it was saved from a disabled instance of GradScaler.")));
 }
 
 TEST(GradScalerTest, StateSurvivesFileAndArchive) {
@@ -548,8 +560,9 @@ TEST(GradScalerExtensionsTest, HysteresisDelaysBackoff) {
 }
 
 TEST(GradScalerExtensionsTest, ConsecutiveHysteresisRefillsAfterEveryCleanStep) {
-  GradScaler scaler(GradScalerOptions().init_scale(64.).growth_interval(100).hysteresis(2)
-                        .consecutive_hysteresis(true));
+  GradScaler scaler(
+      GradScalerOptions().init_scale(64.).growth_interval(100).hysteresis(2).consecutive_hysteresis(
+          true));
   Iterate step;
   step(scaler, true);
   step(scaler, false);
@@ -661,8 +674,10 @@ TEST(GradScalerFusedTest, FusedOptimizerMatchesUnfusedAndSkipsOnInf) {
     GradScaler plain_scaler(GradScalerOptions().init_scale(1024.).growth_interval(2));
     const auto target = torch::randn({5});
     for (int i = 0; i < 6; ++i) {
-      for (auto [opt, p, scaler] : {std::tuple<torch::optim::Optimizer*, torch::Tensor*, GradScaler*>{&fused, &fused_p, &fused_scaler},
-                                    {&plain, &plain_p, &plain_scaler}}) {
+      for (auto [opt, p, scaler] :
+           {std::tuple<torch::optim::Optimizer*, torch::Tensor*, GradScaler*>{&fused, &fused_p,
+                                                                              &fused_scaler},
+            {&plain, &plain_p, &plain_scaler}}) {
         opt->zero_grad();
         scaler->scale((*p - target).pow(2).sum()).backward();
         if (i == 3) p->mutable_grad()[1].fill_(kInf);
@@ -673,7 +688,8 @@ TEST(GradScalerFusedTest, FusedOptimizerMatchesUnfusedAndSkipsOnInf) {
       EXPECT_TRUE(torch::allclose(fused_p, plain_p, 1e-6, 1e-7)) << "iteration " << i;
       EXPECT_EQ(fused_scaler.get_scale(), plain_scaler.get_scale());
     }
-    EXPECT_EQ(fused.steps_called, 6) << "the fused optimizer decides on the device, so it is always called";
+    EXPECT_EQ(fused.steps_called, 6)
+        << "the fused optimizer decides on the device, so it is always called";
     EXPECT_EQ(fused.saw_grad_scale, !call_unscale);
     EXPECT_EQ(fused_scaler.skipped_steps(), 1);
   }

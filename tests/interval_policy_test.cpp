@@ -6,10 +6,10 @@
 
 namespace {
 
+using mantissa::IntervalStrategy;
 using mantissa::TrainerState;
 using mantissa::TrainingArguments;
 using mantissa::detail::decide_intervals;
-using mantissa::IntervalStrategy;
 using mantissa::detail::make_interval_policy;
 using mantissa::detail::save_after_evaluation;
 

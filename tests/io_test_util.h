@@ -69,8 +69,7 @@ inline PythonResult run_python(const std::string& python, const std::string& scr
                                const std::string& argument, const std::string& scratch_dir) {
   const std::string script_path = mantissa::io::join_path(scratch_dir, "script.py");
   write_raw_file(script_path, script);
-  const std::string command =
-      "'" + python + "' '" + script_path + "' '" + argument + "' 2>&1";
+  const std::string command = "'" + python + "' '" + script_path + "' '" + argument + "' 2>&1";
   PythonResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -84,18 +83,18 @@ inline PythonResult run_python(const std::string& python, const std::string& scr
 
 /// Skips the test, with the reason, unless the interop interpreter exists and imports all of
 /// `modules` (a Python import statement's list, e.g. "torch, safetensors.torch"). Sets `python`.
-#define MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, modules, scratch_dir)                        \
-  do {                                                                                          \
-    python = ::mantissa_test::python_executable();                                              \
-    if (python.empty()) {                                                                       \
-      GTEST_SKIP() << "no Python interpreter for the interop test (configure with "             \
-                      "-DMANTISSA_PYTHON=<python> or create .venv with scripts/bootstrap)";     \
-    }                                                                                           \
-    const auto probe = ::mantissa_test::run_python(python, "import " modules "\n", "",          \
-                                                   scratch_dir);                                \
-    if (probe.exit_code != 0) {                                                                 \
-      GTEST_SKIP() << "'" << python << "' cannot import " modules << ": " << probe.output;      \
-    }                                                                                           \
+#define MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, modules, scratch_dir)                  \
+  do {                                                                                      \
+    python = ::mantissa_test::python_executable();                                          \
+    if (python.empty()) {                                                                   \
+      GTEST_SKIP() << "no Python interpreter for the interop test (configure with "         \
+                      "-DMANTISSA_PYTHON=<python> or create .venv with scripts/bootstrap)"; \
+    }                                                                                       \
+    const auto probe =                                                                      \
+        ::mantissa_test::run_python(python, "import " modules "\n", "", scratch_dir);       \
+    if (probe.exit_code != 0) {                                                             \
+      GTEST_SKIP() << "'" << python << "' cannot import " modules << ": " << probe.output;  \
+    }                                                                                       \
   } while (0)
 
 }  // namespace mantissa_test

@@ -8,13 +8,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/lr_scheduler.h>
 
-#include "io_test_util.h"
 #include "golden_util.h"
+#include "io_test_util.h"
 
 namespace {
 
@@ -29,8 +29,10 @@ const json& golden() { return mantissa_test::golden_file("lr_schedules.json"); }
 
 // An SGD optimizer with one param group per base lr.
 struct TwoGroups {
-  explicit TwoGroups(const std::vector<double>& lrs) : optimizer(make_groups(lrs), torch::optim::SGDOptions(0.1)) {}
-  static std::vector<torch::optim::OptimizerParamGroup> make_groups(const std::vector<double>& lrs) {
+  explicit TwoGroups(const std::vector<double>& lrs)
+      : optimizer(make_groups(lrs), torch::optim::SGDOptions(0.1)) {}
+  static std::vector<torch::optim::OptimizerParamGroup> make_groups(
+      const std::vector<double>& lrs) {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     for (double lr : lrs) {
       groups.emplace_back(std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())},
@@ -85,7 +87,8 @@ TEST(LrSchedulerGoldenTest, MatchesTransformersSchedulesOnLambdaLR) {
       const auto last_lr = ours.at("_last_lr").toDoubleVector();
       const auto want_last = state["_last_lr"].get<std::vector<double>>();
       ASSERT_EQ(last_lr.size(), want_last.size());
-      for (std::size_t g = 0; g < last_lr.size(); ++g) expect_close(last_lr[g], want_last[g], "_last_lr");
+      for (std::size_t g = 0; g < last_lr.size(); ++g)
+        expect_close(last_lr[g], want_last[g], "_last_lr");
     }
   }
   EXPECT_EQ(compared, (37 + 13 + 8) * 4 * 2) << "every step of every config, schedule and group";
@@ -112,7 +115,8 @@ TEST(LrSchedulerTest, ScheduleFactorEdgeCases) {
   EXPECT_EQ(schedule_factor("cosine", 30, 5, 30), 0.0);
   EXPECT_NEAR(schedule_factor("cosine", 35, 5, 30), 0.5 * (1 + std::cos(M_PI * 30.0 / 25.0)), 1e-15)
       << "HF's cosine rises again after the last step; no clamp beyond max(0, .)";
-  EXPECT_EQ(schedule_factor("linear", 4, 4, 4), 0.0) << "max(1, total - warmup) guards the division";
+  EXPECT_EQ(schedule_factor("linear", 4, 4, 4), 0.0)
+      << "max(1, total - warmup) guards the division";
 }
 
 TEST(LrSchedulerTest, UnknownTypeUsesHfWording) {
@@ -135,7 +139,8 @@ TEST(LrSchedulerTest, WorksThroughGetLrOfAnyOptimizer) {
   LrScheduler scheduler(adamw, "constant_with_warmup", 4, 100);
   EXPECT_EQ(static_cast<torch::optim::AdamWOptions&>(adamw.param_groups()[0].options()).lr(), 0.0);
   scheduler.step();
-  EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamWOptions&>(adamw.param_groups()[0].options()).lr(), 5e-4);
+  EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamWOptions&>(adamw.param_groups()[0].options()).lr(),
+                   5e-4);
 }
 
 TEST(LrSchedulerTest, StateDictHasPyTorchKeysAndResumes) {
@@ -145,8 +150,9 @@ TEST(LrSchedulerTest, StateDictHasPyTorchKeysAndResumes) {
   const auto state = scheduler.state_dict();
   std::vector<std::string> keys;
   for (const auto& entry : state) keys.push_back(entry.key().toStringRef());
-  EXPECT_THAT(keys, ::testing::UnorderedElementsAre("base_lrs", "last_epoch", "_step_count", "_is_initial",
-                                                    "_get_lr_called_within_step", "_last_lr", "lr_lambdas"));
+  EXPECT_THAT(keys, ::testing::UnorderedElementsAre("base_lrs", "last_epoch", "_step_count",
+                                                    "_is_initial", "_get_lr_called_within_step",
+                                                    "_last_lr", "lr_lambdas"));
   EXPECT_EQ(state.at("last_epoch").toInt(), 12);
   EXPECT_EQ(state.at("_step_count").toInt(), 13);
   EXPECT_EQ(state.at("base_lrs").toDoubleVector(), (std::vector<double>{1e-3, 3e-4}));
@@ -195,7 +201,8 @@ TEST(LrSchedulerTest, SaveAndLoadAFile) {
   loaded.load(dir.file("scheduler.pt"));
   EXPECT_EQ(loaded.last_epoch(), 7);
   EXPECT_EQ(loaded.get_last_lr(), scheduler.get_last_lr());
-  EXPECT_THAT([&] { loaded.load(dir.file("absent.pt")); }, ThrowsMessage<c10::Error>(HasSubstr("absent.pt")));
+  EXPECT_THAT([&] { loaded.load(dir.file("absent.pt")); },
+              ThrowsMessage<c10::Error>(HasSubstr("absent.pt")));
 }
 
 // Python reads our scheduler.pt into HF's LambdaLR and continues; we read Python's.
@@ -242,8 +249,8 @@ TEST(LrSchedulerInteropTest, PythonLoadsOurSchedulerPt) {
   LrScheduler scheduler(groups.optimizer, "linear", 3, 20);
   for (int i = 0; i < 7; ++i) scheduler.step();
   scheduler.save(dir.file("scheduler.pt"));
-  const auto result = mantissa_test::run_python(python, kPythonSchedulerScript, "read:" + dir.file("scheduler.pt"),
-                                                dir.path());
+  const auto result = mantissa_test::run_python(python, kPythonSchedulerScript,
+                                                "read:" + dir.file("scheduler.pt"), dir.path());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   scheduler.step();
   const auto lrs = scheduler.get_last_lr();
@@ -262,7 +269,8 @@ TEST(LrSchedulerInteropTest, WeLoadPythonsSchedulerPt) {
   std::string python;
   MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, "torch", dir.path());
   const auto path = dir.file("python_scheduler.pt");
-  const auto result = mantissa_test::run_python(python, kPythonSchedulerScript, "write:" + path, dir.path());
+  const auto result =
+      mantissa_test::run_python(python, kPythonSchedulerScript, "write:" + path, dir.path());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   TwoGroups groups({1e-3, 3e-4});
   LrScheduler scheduler(groups.optimizer, "linear", 3, 20);

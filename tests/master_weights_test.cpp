@@ -84,14 +84,20 @@ TEST(MasterWeightsTest, BytesPerParameterIsMeasuredFromTheTensorsHeld) {
 }
 
 TEST(MasterWeightsTest, RejectsBadParametersNamingTheIndex) {
-  EXPECT_THAT([] { MasterWeights({torch::randn({2}), torch::Tensor()}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("model parameter 1 is undefined")));
+  EXPECT_THAT(
+      [] {
+        MasterWeights({torch::randn({2}), torch::Tensor()});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("model parameter 1 is undefined")));
   EXPECT_THAT([] { MasterWeights({torch::ones({2}, torch::kLong)}); },
               ThrowsMessage<c10::ValueError>(HasSubstr("model parameter 0 has dtype Long")));
   auto w = leaf(torch::randn({2}).to(torch::kBFloat16));
   MasterWeights masters({w});
-  EXPECT_THAT([&] { masters.masters_for({w, torch::randn({2})}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("tensor 1 is not one of the model parameters")));
+  EXPECT_THAT(
+      [&] {
+        masters.masters_for({w, torch::randn({2})});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("tensor 1 is not one of the model parameters")));
   EXPECT_THAT([&] { masters.master_of(torch::randn({2})); },
               ThrowsMessage<c10::ValueError>(HasSubstr("not one of the model parameters")));
 }
@@ -136,7 +142,8 @@ TEST(MasterWeightsTest, CopyMastersToModelRoundsToNearest) {
   {
     torch::NoGradGuard no_grad;
     // 1 + 2^-9 is halfway between two bf16 values: ties to even (1.0); 1 + 3 * 2^-9 rounds up.
-    masters.master_params()[0].copy_(torch::tensor({1.0f + 0.001953125f, 1.0f + 3 * 0.001953125f, 0.1f}));
+    masters.master_params()[0].copy_(
+        torch::tensor({1.0f + 0.001953125f, 1.0f + 3 * 0.001953125f, 0.1f}));
   }
   masters.copy_masters_to_model();
   EXPECT_TRUE(torch::equal(w, torch::tensor({1.0f, 1.0078125f, 0.1f}).to(torch::kBFloat16)));
@@ -232,7 +239,8 @@ TEST(MasterWeightsTest, SkippedStepChangesNothing) {
     if (inject_inf) model->parameters()[1].mutable_grad()[0] = kInf;
     masters.copy_grads_to_masters();
     scaler.unscale_(optimizer);
-    torch::nn::utils::clip_grad_norm_(masters.master_params(), 1.0, 2.0, /*error_if_nonfinite=*/false);
+    torch::nn::utils::clip_grad_norm_(masters.master_params(), 1.0, 2.0,
+                                      /*error_if_nonfinite=*/false);
     scaler.step(optimizer);
     masters.copy_masters_to_model();
     scaler.update();
@@ -242,8 +250,8 @@ TEST(MasterWeightsTest, SkippedStepChangesNothing) {
   for (const auto& p : model->parameters()) model_before.push_back(p.detach().clone());
   for (const auto& m : masters.master_params()) {
     masters_before.push_back(m.detach().clone());
-    const auto& state = static_cast<torch::optim::AdamWParamState&>(
-        *optimizer.state().at(m.unsafeGetTensorImpl()));
+    const auto& state =
+        static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(m.unsafeGetTensorImpl()));
     exp_avg_before.push_back(state.exp_avg().clone());
   }
   iterate(true);
@@ -292,13 +300,16 @@ TEST(MasterWeightsTest, ParameterGroupsAndOtherOptimizers) {
   // HF's two groups: weights decay, biases do not.
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(masters.masters_for({model->weight}),
-                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
   groups.emplace_back(masters.masters_for({model->bias}),
-                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
   torch::optim::AdamW adamw(groups, torch::optim::AdamWOptions(1e-2));
   torch::optim::Adam adam(masters.master_params(), torch::optim::AdamOptions(1e-2));
   torch::optim::SGD sgd(masters.master_params(), torch::optim::SGDOptions(1e-2).momentum(0.9));
-  for (torch::optim::Optimizer* optimizer : std::initializer_list<torch::optim::Optimizer*>{&adamw, &adam, &sgd}) {
+  for (torch::optim::Optimizer* optimizer :
+       std::initializer_list<torch::optim::Optimizer*>{&adamw, &adam, &sgd}) {
     const auto before = masters.master_params()[0].detach().clone();
     masters.zero_grad();
     model->forward(torch::randn({5, 6}, torch::kBFloat16)).to(torch::kFloat).sum().backward();
@@ -341,8 +352,9 @@ TEST(MasterWeightsTest, SaveLoadRestoresMastersAndModel) {
   std::istringstream again(buffer.str());
   torch::serialize::InputArchive in2;
   in2.load_from(again);
-  EXPECT_THAT([&] { wrong.load(in2); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("the archive holds 2 masters, this model has 1")));
+  EXPECT_THAT(
+      [&] { wrong.load(in2); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("the archive holds 2 masters, this model has 1")));
 }
 
 TEST(MasterWeightsTest, PureLowPrecisionWarnsOncePerDtype) {

@@ -13,11 +13,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
-#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
+#include "io/filesystem.h"
 
 #include "io/atomic_file.h"
 #include "io_test_util.h"
@@ -42,7 +42,8 @@ std::string bytes_of(const torch::Tensor& tensor) {
   return std::string(static_cast<const char*>(contiguous.const_data_ptr()), contiguous.nbytes());
 }
 
-void expect_same_tensor(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& name) {
+void expect_same_tensor(const torch::Tensor& actual, const torch::Tensor& expected,
+                        const std::string& name) {
   SCOPED_TRACE(name);
   EXPECT_EQ(actual.scalar_type(), expected.scalar_type());
   EXPECT_EQ(actual.sizes(), expected.sizes());
@@ -75,13 +76,25 @@ torch::Tensor pattern(torch::ScalarType dtype, at::IntArrayRef shape) {
 // Every dtype the format knows, with its safetensors code.
 const std::vector<std::pair<std::string, torch::ScalarType>>& all_dtypes() {
   static const std::vector<std::pair<std::string, torch::ScalarType>> dtypes = {
-      {"F64", torch::kDouble},   {"F32", torch::kFloat},           {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},           {"I32", torch::kInt},
-      {"I16", torch::kShort},    {"I8", torch::kChar},             {"U8", torch::kByte},
-      {"BOOL", torch::kBool},    {"U64", torch::kUInt64},          {"U32", torch::kUInt32},
-      {"U16", torch::kUInt16},   {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2},
-      {"F8_E4M3FNUZ", torch::kFloat8_e4m3fnuz}, {"F8_E5M2FNUZ", torch::kFloat8_e5m2fnuz},
-      {"F8_E8M0", torch::kFloat8_e8m0fnu},      {"C64", torch::kComplexFloat},
+      {"F64", torch::kDouble},
+      {"F32", torch::kFloat},
+      {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16},
+      {"I64", torch::kLong},
+      {"I32", torch::kInt},
+      {"I16", torch::kShort},
+      {"I8", torch::kChar},
+      {"U8", torch::kByte},
+      {"BOOL", torch::kBool},
+      {"U64", torch::kUInt64},
+      {"U32", torch::kUInt32},
+      {"U16", torch::kUInt16},
+      {"F8_E4M3", torch::kFloat8_e4m3fn},
+      {"F8_E5M2", torch::kFloat8_e5m2},
+      {"F8_E4M3FNUZ", torch::kFloat8_e4m3fnuz},
+      {"F8_E5M2FNUZ", torch::kFloat8_e5m2fnuz},
+      {"F8_E8M0", torch::kFloat8_e8m0fnu},
+      {"C64", torch::kComplexFloat},
   };
   return dtypes;
 }
@@ -132,11 +145,13 @@ TEST(SafetensorsTest, KeepsSpecialFloatValuesBitForBit) {
   const float inf = std::numeric_limits<float>::infinity();
   const auto f32 = torch::tensor({0.f, -0.f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
                                   std::numeric_limits<float>::denorm_min(), 3.4e38f, -1e-30f});
-  const NamedTensors tensors = {{"f32", f32}, {"bf16", f32.to(torch::kBFloat16)}, {"f16", f32.to(torch::kHalf)}};
+  const NamedTensors tensors = {
+      {"f32", f32}, {"bf16", f32.to(torch::kBFloat16)}, {"f16", f32.to(torch::kHalf)}};
   save_safetensors(dir.file("special.safetensors"), tensors);
   const auto loaded = load_safetensors(dir.file("special.safetensors"));
   ASSERT_EQ(loaded.size(), 3u);
-  for (std::size_t i = 0; i < 3; ++i) expect_same_tensor(loaded[i].second, tensors[i].second, tensors[i].first);
+  for (std::size_t i = 0; i < 3; ++i)
+    expect_same_tensor(loaded[i].second, tensors[i].second, tensors[i].first);
 }
 
 TEST(SafetensorsTest, WritesNonContiguousTensorsAsTheirValues) {
@@ -144,17 +159,19 @@ TEST(SafetensorsTest, WritesNonContiguousTensorsAsTheirValues) {
   const auto base = torch::arange(24, torch::kFloat).reshape({4, 6});
   const NamedTensors tensors = {
       {"transposed", base.t()},
-      {"strided_slice", base.slice(1, 1, 6, 2)},              // storage offset and stride 2
+      {"strided_slice", base.slice(1, 1, 6, 2)},                     // storage offset and stride 2
       {"expanded", torch::arange(3, torch::kFloat).expand({4, 3})},  // stride 0
-      {"conjugate_view", torch::complex(base, -base).conj()},   // lazy conjugate bit
+      {"conjugate_view", torch::complex(base, -base).conj()},        // lazy conjugate bit
   };
-  for (const auto& item : tensors) ASSERT_FALSE(item.second.is_contiguous() && !item.second.is_conj()) << item.first;
+  for (const auto& item : tensors)
+    ASSERT_FALSE(item.second.is_contiguous() && !item.second.is_conj()) << item.first;
   ASSERT_TRUE(tensors[3].second.is_conj());
   save_safetensors(dir.file("views.safetensors"), tensors);
   const auto loaded = load_safetensors(dir.file("views.safetensors"));
   ASSERT_EQ(loaded.size(), tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    EXPECT_TRUE(torch::equal(loaded[i].second, tensors[i].second.resolve_conj())) << tensors[i].first;
+    EXPECT_TRUE(torch::equal(loaded[i].second, tensors[i].second.resolve_conj()))
+        << tensors[i].first;
     EXPECT_TRUE(loaded[i].second.is_contiguous());
   }
   // Writing a view never changes its base.
@@ -183,7 +200,8 @@ TEST(SafetensorsTest, FileLayoutFollowsTheFormat) {
   const std::string text(bytes.data() + 8, n);
   EXPECT_EQ(text.find_last_not_of(' '), text.find_last_of('}'));
 
-  EXPECT_EQ(load_safetensors_metadata(path), (std::map<std::string, std::string>{{"format", "pt"}, {"step", "42"}}));
+  EXPECT_EQ(load_safetensors_metadata(path),
+            (std::map<std::string, std::string>{{"format", "pt"}, {"step", "42"}}));
   // The caller's "format" wins.
   save_safetensors(path, tensors, {{"format", "mlx"}});
   EXPECT_EQ(load_safetensors_metadata(path).at("format"), "mlx");
@@ -193,11 +211,11 @@ TEST(SafetensorsTest, ReadsTensorsInOffsetOrderNotHeaderOrder) {
   TempDir dir;
   const auto path = dir.file("order.safetensors");
   // JSON keys in one order, data in another.
-  const std::string header =
-      R"({"z":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},)"
-      R"("a":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"z":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("a":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})";
   const int32_t data[3] = {7, 8, 9};
-  write_raw_file(path, make_file(header, std::string(reinterpret_cast<const char*>(data), sizeof(data))));
+  write_raw_file(path,
+                 make_file(header, std::string(reinterpret_cast<const char*>(data), sizeof(data))));
   const auto loaded = load_safetensors(path);
   ASSERT_EQ(loaded.size(), 2u);
   EXPECT_EQ(loaded[0].first, "z");
@@ -224,21 +242,44 @@ TEST(SafetensorsTest, RejectsBadInputWithValueError) {
   TempDir dir;
   const auto path = dir.file("bad.safetensors");
   const auto t = torch::ones({2});
-  EXPECT_THAT([&] { save_safetensors(path, {{"a", t}, {"b", t}, {"a", t}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("the tensor name 'a' appears more than once")));
-  EXPECT_THAT([&] { save_safetensors(path, {{"__metadata__", t}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("'__metadata__' is reserved")));
-  EXPECT_THAT([&] { save_safetensors(path, {{"w", torch::Tensor()}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("tensor 'w' is undefined")));
-  EXPECT_THAT([&] { save_safetensors(path, {{"c128", torch::ones({2}, torch::kComplexDouble)}}); },
-              ThrowsMessage<c10::ValueError>(
-                  AllOf(HasSubstr("tensor 'c128' has dtype ComplexDouble"), HasSubstr("cannot store"))));
-  EXPECT_THAT([&] { save_safetensors(path, {{"sparse", torch::eye(3).to_sparse()}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("tensor 'sparse' has layout Sparse")));
-  EXPECT_THAT([&] { save_safetensors(path, {{"bad\xff" "name", t}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("must be valid UTF-8")));
-  EXPECT_THAT([&] { save_safetensors(path, {{"w", t}}, {{"note", "\xc3"}}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("must be valid UTF-8")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"a", t}, {"b", t}, {"a", t}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("the tensor name 'a' appears more than once")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"__metadata__", t}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("'__metadata__' is reserved")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"w", torch::Tensor()}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("tensor 'w' is undefined")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"c128", torch::ones({2}, torch::kComplexDouble)}});
+      },
+      ThrowsMessage<c10::ValueError>(
+          AllOf(HasSubstr("tensor 'c128' has dtype ComplexDouble"), HasSubstr("cannot store"))));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"sparse", torch::eye(3).to_sparse()}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("tensor 'sparse' has layout Sparse")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"bad\xff"
+                                 "name",
+                                 t}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("must be valid UTF-8")));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"w", t}}, {{"note", "\xc3"}});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("must be valid UTF-8")));
   EXPECT_FALSE(mantissa::io::path_exists(path)) << "nothing is written on bad input";
 }
 
@@ -247,25 +288,31 @@ TEST(SafetensorsTest, FailedSaveKeepsTheOldFileAndLeavesNoTemporary) {
   const auto path = dir.file("model.safetensors");
   save_safetensors(path, {{"w", torch::full({4}, 1.5)}});
   const auto before = mantissa::io::read_file(path);
-  EXPECT_THROW(save_safetensors(path, {{"w", torch::ones({2})}, {"w", torch::ones({2})}}), c10::ValueError);
+  EXPECT_THROW(save_safetensors(path, {{"w", torch::ones({2})}, {"w", torch::ones({2})}}),
+               c10::ValueError);
   EXPECT_EQ(mantissa::io::read_file(path), before);
 
   // A producer that fails halfway through a streamed write.
-  EXPECT_THROW(mantissa::io::write_file_atomically_streamed(path,
-                                                            [](const mantissa::io::ChunkWriter& write) {
-                                                              write("partial");
-                                                              throw std::runtime_error("disk on fire");
-                                                            }),
-               std::runtime_error);
+  EXPECT_THROW(
+      mantissa::io::write_file_atomically_streamed(path,
+                                                   [](const mantissa::io::ChunkWriter& write) {
+                                                     write("partial");
+                                                     throw std::runtime_error("disk on fire");
+                                                   }),
+      std::runtime_error);
   EXPECT_EQ(mantissa::io::read_file(path), before);
-  EXPECT_EQ(mantissa::io::list_directory(dir.path()), std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(mantissa::io::list_directory(dir.path()),
+            std::vector<std::string>{"model.safetensors"});
   EXPECT_TRUE(torch::equal(load_safetensors(path).at(0).second, torch::full({4}, 1.5)));
 }
 
 TEST(SafetensorsTest, WriteErrorNamesTheFile) {
   const std::string path = "/nonexistent-folder-mantissa/model.safetensors";
-  EXPECT_THAT([&] { save_safetensors(path, {{"w", torch::ones({2})}}); },
-              ThrowsMessage<c10::Error>(HasSubstr(path)));
+  EXPECT_THAT(
+      [&] {
+        save_safetensors(path, {{"w", torch::ones({2})}});
+      },
+      ThrowsMessage<c10::Error>(HasSubstr(path)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,7 +325,8 @@ class SafetensorsCorruptFileTest : public ::testing::Test {
     EXPECT_THAT([&] { load_safetensors(path_); },
                 ThrowsMessage<c10::Error>(AllOf(HasSubstr("'" + path_ + "'"), HasSubstr(what))));
   }
-  static std::string f32_entry(const std::string& name, const std::string& shape, uint64_t begin, uint64_t end) {
+  static std::string f32_entry(const std::string& name, const std::string& shape, uint64_t begin,
+                               uint64_t end) {
     return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" +
            std::to_string(begin) + "," + std::to_string(end) + "]}";
   }
@@ -288,8 +336,9 @@ class SafetensorsCorruptFileTest : public ::testing::Test {
 };
 
 TEST_F(SafetensorsCorruptFileTest, MissingOrTooShortFile) {
-  EXPECT_THAT([&] { load_safetensors(dir_.file("absent.safetensors")); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr("absent.safetensors"), HasSubstr("No such file"))));
+  EXPECT_THAT(
+      [&] { load_safetensors(dir_.file("absent.safetensors")); },
+      ThrowsMessage<c10::Error>(AllOf(HasSubstr("absent.safetensors"), HasSubstr("No such file"))));
   expect_error("", "fewer than the 8-byte header length");
   expect_error("abc", "fewer than the 8-byte header length");
   EXPECT_THAT([&] { load_safetensors(dir_.path()); },
@@ -326,17 +375,21 @@ TEST_F(SafetensorsCorruptFileTest, HeaderThatIsNotTheExpectedJson) {
                "tensor 'w' has no \"shape\" list");
   expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1]}})", std::string(4, '\0')),
                "tensor 'w' has no \"data_offsets\" list");
-  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, '\0')),
-               "tensor 'w' has a bad shape [-1]");
-  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", std::string(4, '\0')),
+  expect_error(
+      make_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      "tensor 'w' has a bad shape [-1]");
+  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
+                         std::string(4, '\0')),
                "tensor 'w' has a bad shape");
-  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", std::string(4, '\0')),
-               "tensor 'w' has bad data_offsets [0]");
+  expect_error(
+      make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", std::string(4, '\0')),
+      "tensor 'w' has bad data_offsets [0]");
   expect_error(make_file(R"({"__metadata__":{"format":1}})", ""),
                "\"__metadata__\" must map strings to strings, but 'format' holds 1");
   expect_error(make_file(R"({"__metadata__":[]})", ""), "\"__metadata__\" is not a JSON object");
   // nlohmann reports a number beyond double as out_of_range, not as a parse error.
-  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e400}})", std::string(4, '\0')),
+  expect_error(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e400}})",
+                         std::string(4, '\0')),
                "the header is not valid JSON: [json.exception.out_of_range.406] number overflow");
 }
 
@@ -347,11 +400,15 @@ TEST_F(SafetensorsCorruptFileTest, DeeplyNestedHeaderIsRefusedWithoutCrashing) {
   expect_error(make_file("{\"a\":" + open + close + "}", ""),
                "nest deeper than 127 levels (the bracket at offset 131 opens level 128)");
   expect_error(make_file("{\"__metadata__\":{\"m\":" + open + close + "}}", ""), "nest deeper");
-  expect_error(make_file(R"({"w":{"dtype":"F32","shape":)" + open + close + R"(,"data_offsets":[0,0]}})", ""),
-               "nest deeper");
+  expect_error(
+      make_file(R"({"w":{"dtype":"F32","shape":)" + open + close + R"(,"data_offsets":[0,0]}})",
+                ""),
+      "nest deeper");
   // Brackets inside strings do not count, escaped quotes do not end a string.
   const std::string name = "\\\"" + open;
-  write_raw_file(path_, make_file("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"));
+  write_raw_file(
+      path_,
+      make_file("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x"));
   EXPECT_EQ(load_safetensors(path_).at(0).first, "\"" + open);
 }
 
@@ -359,7 +416,9 @@ TEST_F(SafetensorsCorruptFileTest, MessagesShowOnlyTheStartOfABadValue) {
   std::string long_list = "[";
   for (int i = 0; i < 100'000; ++i) long_list += i ? ",-1" : "-1";
   long_list += "]";
-  write_raw_file(path_, make_file(R"({"w":{"dtype":"F32","shape":)" + long_list + R"(,"data_offsets":[0,0]}})", ""));
+  write_raw_file(
+      path_,
+      make_file(R"({"w":{"dtype":"F32","shape":)" + long_list + R"(,"data_offsets":[0,0]}})", ""));
   try {
     load_safetensors(path_);
     ADD_FAILURE() << "no exception";
@@ -369,7 +428,9 @@ TEST_F(SafetensorsCorruptFileTest, MessagesShowOnlyTheStartOfABadValue) {
     EXPECT_THAT(message, HasSubstr("..."));
     EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
   }
-  expect_error(make_file(R"({"__metadata__":{"m":")" + std::string(1'000'000, 'x') + "\"}, \"__metadata__x\": 1}", ""),
+  expect_error(make_file(R"({"__metadata__":{"m":")" + std::string(1'000'000, 'x') +
+                             "\"}, \"__metadata__x\": 1}",
+                         ""),
                "the header entry of tensor '__metadata__x' is not a JSON object but 1");
   expect_error(make_file(R"({"__metadata__":{"m":[")" + std::string(1'000'000, 'x') + "\"]}}", ""),
                "'m' holds [\"xxxxxxxx");
@@ -388,23 +449,32 @@ TEST_F(SafetensorsCorruptFileTest, HeaderPaddingFollowsPythonsReader) {
 }
 
 TEST_F(SafetensorsCorruptFileTest, NullMetadataIsNoMetadata) {
-  write_raw_file(path_, make_file(R"({"__metadata__":null,"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"));
+  write_raw_file(
+      path_,
+      make_file(R"({"__metadata__":null,"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                "x"));
   EXPECT_EQ(load_safetensors(path_).size(), 1u);
   EXPECT_TRUE(load_safetensors_metadata(path_).empty());
-  expect_error(make_file(R"({"__metadata__":"pt"})", ""), "\"__metadata__\" is not a JSON object (or null) but \"pt\"");
+  expect_error(make_file(R"({"__metadata__":"pt"})", ""),
+               "\"__metadata__\" is not a JSON object (or null) but \"pt\"");
 }
 
 TEST_F(SafetensorsCorruptFileTest, DuplicateFieldsFollowPythonsReader) {
   // Refused, as serde refuses a struct field given twice.
-  expect_error(make_file(R"({"__metadata__":{},"__metadata__":{}})", ""), "the header has \"__metadata__\" twice");
-  expect_error(make_file(R"({"w":{"dtype":"F32","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"),
-               "the header entry of tensor 'w' has \"dtype\" twice");
-  expect_error(make_file(R"({"w":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]}})", "x"),
-               "has \"shape\" twice");
+  expect_error(make_file(R"({"__metadata__":{},"__metadata__":{}})", ""),
+               "the header has \"__metadata__\" twice");
+  expect_error(
+      make_file(R"({"w":{"dtype":"F32","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"),
+      "the header entry of tensor 'w' has \"dtype\" twice");
+  expect_error(
+      make_file(R"({"w":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]}})", "x"),
+      "has \"shape\" twice");
   // Kept, the last one winning: a tensor name, a metadata key, a field the format does not know.
-  write_raw_file(path_, make_file(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-                                  R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1,"x":2},)"
-                                  R"("__metadata__":{"k":"1","k":"2"}})", "x"));
+  write_raw_file(path_,
+                 make_file(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                           R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1,"x":2},)"
+                           R"("__metadata__":{"k":"1","k":"2"}})",
+                           "x"));
   const auto loaded = load_safetensors(path_);
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_EQ(loaded[0].second.sizes(), at::IntArrayRef({1}));
@@ -412,34 +482,43 @@ TEST_F(SafetensorsCorruptFileTest, DuplicateFieldsFollowPythonsReader) {
 }
 
 TEST_F(SafetensorsCorruptFileTest, UnknownDtype) {
-  expect_error(make_file(R"({"w":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", std::string(16, '\0')),
+  expect_error(make_file(R"({"w":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})",
+                         std::string(16, '\0')),
                "tensor 'w' has unknown dtype 'F128' (known: F64, F32, F16, BF16");
 }
 
 TEST_F(SafetensorsCorruptFileTest, OffsetsThatDoNotTileTheData) {
   const std::string data(16, '\0');
-  expect_error(make_file("{" + f32_entry("a", "[2]", 0, 8) + "," + f32_entry("b", "[2]", 4, 12) + "}", data.substr(0, 12)),
-               "tensor 'b' (bytes [4, 12)) overlaps tensor 'a' (bytes [0, 8))");
-  expect_error(make_file("{" + f32_entry("a", "[2]", 0, 8) + "," + f32_entry("b", "[2]", 12, 20) + "}", data + "xxxx"),
-               "the 4 bytes before tensor 'b' (bytes [12, 20)) belong to no tensor");
+  expect_error(
+      make_file("{" + f32_entry("a", "[2]", 0, 8) + "," + f32_entry("b", "[2]", 4, 12) + "}",
+                data.substr(0, 12)),
+      "tensor 'b' (bytes [4, 12)) overlaps tensor 'a' (bytes [0, 8))");
+  expect_error(
+      make_file("{" + f32_entry("a", "[2]", 0, 8) + "," + f32_entry("b", "[2]", 12, 20) + "}",
+                data + "xxxx"),
+      "the 4 bytes before tensor 'b' (bytes [12, 20)) belong to no tensor");
   expect_error(make_file("{" + f32_entry("a", "[2]", 4, 12) + "}", data.substr(0, 12)),
                "the 4 bytes before tensor 'a'");
   expect_error(make_file("{" + f32_entry("a", "[2]", 8, 0) + "}", data),
                "tensor 'a' has data_offsets [8, 0] whose end is before its begin");
-  expect_error(make_file("{" + f32_entry("a", "[2,2]", 0, 12) + "}", data.substr(0, 12)),
-               "tensor 'a' has 12 bytes (data_offsets [0, 12]), but dtype F32 and shape [2, 2] need 16");
+  expect_error(
+      make_file("{" + f32_entry("a", "[2,2]", 0, 12) + "}", data.substr(0, 12)),
+      "tensor 'a' has 12 bytes (data_offsets [0, 12]), but dtype F32 and shape [2, 2] need 16");
   expect_error(make_file("{" + f32_entry("a", "[4611686018427387904,8]", 0, 16) + "}", data),
                "need more than 2^64");
-  expect_error(make_file("{" + f32_entry("a", "[4]", 0, 16) + "," + f32_entry("b", "[4]", 16, 32) + "}", data),
-               "tensor 'b' ends at byte 32 of the data, but the file holds only 16 bytes of data after "
-               "the header (truncated?)");
+  expect_error(
+      make_file("{" + f32_entry("a", "[4]", 0, 16) + "," + f32_entry("b", "[4]", 16, 32) + "}",
+                data),
+      "tensor 'b' ends at byte 32 of the data, but the file holds only 16 bytes of data after "
+      "the header (truncated?)");
   expect_error(make_file("{" + f32_entry("a", "[2]", 0, 8) + "}", data),
                "the file has 8 bytes after the last tensor's data (which ends at byte 8 of 16)");
 }
 
 TEST_F(SafetensorsCorruptFileTest, TruncatedAndExtendedValidFiles) {
   const auto good = dir_.file("good.safetensors");
-  save_safetensors(good, {{"w", torch::arange(10, torch::kFloat)}, {"b", torch::ones({3}, torch::kHalf)}});
+  save_safetensors(
+      good, {{"w", torch::arange(10, torch::kFloat)}, {"b", torch::ones({3}, torch::kHalf)}});
   const auto bytes = mantissa::io::read_file(good);
   const std::string valid(bytes.begin(), bytes.end());
   expect_error(valid.substr(0, valid.size() - 3), "truncated?");
@@ -451,9 +530,10 @@ TEST_F(SafetensorsCorruptFileTest, RandomDamageNeverCrashes) {
   // Flip bytes of a valid file and cut it at random places: the reader either loads something
   // well-formed or throws c10::Error; it never crashes, hangs or throws anything else.
   const auto good = dir_.file("good.safetensors");
-  save_safetensors(good, {{"weight", torch::randn({5, 7})},
-                          {"bias", torch::randn({7}).to(torch::kBFloat16)},
-                          {"steps", torch::arange(4, torch::kLong)}},
+  save_safetensors(good,
+                   {{"weight", torch::randn({5, 7})},
+                    {"bias", torch::randn({7}).to(torch::kBFloat16)},
+                    {"steps", torch::arange(4, torch::kLong)}},
                    {{"note", "fuzz"}});
   const auto bytes = mantissa::io::read_file(good);
   const std::string valid(bytes.begin(), bytes.end());
@@ -468,7 +548,8 @@ TEST_F(SafetensorsCorruptFileTest, RandomDamageNeverCrashes) {
       // Mostly damage the header (the first ~250 bytes), where the structure lives.
       const int flips = 1 + trial % 3;
       for (int f = 0; f < flips; ++f) {
-        const auto limit = trial % 2 ? valid.size() - 1 : std::min<std::size_t>(valid.size() - 1, 250);
+        const auto limit =
+            trial % 2 ? valid.size() - 1 : std::min<std::size_t>(valid.size() - 1, 250);
         const auto pos = std::uniform_int_distribution<std::size_t>(0, limit)(rng);
         damaged[pos] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
       }
@@ -477,7 +558,8 @@ TEST_F(SafetensorsCorruptFileTest, RandomDamageNeverCrashes) {
     try {
       for (const auto& [name, tensor] : load_safetensors(path_)) {
         ASSERT_TRUE(tensor.defined()) << name;
-        ASSERT_EQ(static_cast<std::size_t>(tensor.nbytes()), tensor.numel() * tensor.element_size());
+        ASSERT_EQ(static_cast<std::size_t>(tensor.nbytes()),
+                  tensor.numel() * tensor.element_size());
       }
       ++loaded;
     } catch (const c10::Error& e) {
@@ -522,16 +604,18 @@ TEST(SafetensorsModuleTest, RoundTripsParametersAndBuffersWithHfNames) {
   Net source;
   {
     torch::NoGradGuard no_grad;
-    source->bn->forward(torch::randn({6, 16}) * 3 + 1);  // moves running_mean/var, num_batches_tracked
+    source->bn->forward(torch::randn({6, 16}) * 3 +
+                        1);  // moves running_mean/var, num_batches_tracked
   }
   save_module_safetensors(path, *source);
 
   std::vector<std::string> names;
   for (const auto& [name, tensor] : load_safetensors(path)) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "bn.weight", "bn.bias", "fc2.weight",
-                                             "fc2.bias", "bn.running_mean", "bn.running_var",
-                                             "bn.num_batches_tracked"}));
-  EXPECT_EQ(load_safetensors_metadata(path), (std::map<std::string, std::string>{{"format", "pt"}}));
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "bn.weight", "bn.bias",
+                                             "fc2.weight", "fc2.bias", "bn.running_mean",
+                                             "bn.running_var", "bn.num_batches_tracked"}));
+  EXPECT_EQ(load_safetensors_metadata(path),
+            (std::map<std::string, std::string>{{"format", "pt"}}));
 
   torch::manual_seed(2);
   Net target;
@@ -555,8 +639,7 @@ TEST(SafetensorsModuleTest, StrictLoadListsMissingAndUnexpectedKeys) {
   const auto before = with_head->fc1->weight.clone();
   EXPECT_THAT([&] { load_module_safetensors(path, *with_head); },
               ThrowsMessage<c10::Error>(AllOf(
-                  HasSubstr("Error(s) in loading state_dict for"),
-                  HasSubstr(path),
+                  HasSubstr("Error(s) in loading state_dict for"), HasSubstr(path),
                   HasSubstr("Missing key(s) in state_dict: \"head.weight\", \"head.bias\". "))));
   EXPECT_TRUE(torch::equal(with_head->fc1->weight, before)) << "a failed load changes nothing";
 
@@ -581,10 +664,11 @@ TEST(SafetensorsModuleTest, ShapeMismatchNamesTensorAndBothShapes) {
   save_module_safetensors(path, *small);
   const auto before = big->fc1->bias.clone();
   for (const bool strict : {true, false}) {
-    EXPECT_THAT([&] { load_module_safetensors(path, *big, strict); },
-                ThrowsMessage<c10::Error>(HasSubstr(
-                    "size mismatch for fc1.weight: copying a param with shape torch.Size([4, 8]) from "
-                    "checkpoint, the shape in current model is torch.Size([16, 8]).")));
+    EXPECT_THAT(
+        [&] { load_module_safetensors(path, *big, strict); },
+        ThrowsMessage<c10::Error>(HasSubstr(
+            "size mismatch for fc1.weight: copying a param with shape torch.Size([4, 8]) from "
+            "checkpoint, the shape in current model is torch.Size([16, 8]).")));
   }
   EXPECT_TRUE(torch::equal(big->fc1->bias, before)) << "nothing copied, not even matching tensors";
 }
@@ -597,9 +681,10 @@ TEST(SafetensorsModuleTest, DtypeMismatchNeedsOptIn) {
   save_module_safetensors(path, *bf16);
   Net f32;
   EXPECT_THAT([&] { load_module_safetensors(path, *f32); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr("dtype mismatch for fc1.weight: the checkpoint holds "
-                                                        "BFloat16, the model has Float"),
-                                              HasSubstr("allow_dtype_cast"))));
+              ThrowsMessage<c10::Error>(
+                  AllOf(HasSubstr("dtype mismatch for fc1.weight: the checkpoint holds "
+                                  "BFloat16, the model has Float"),
+                        HasSubstr("allow_dtype_cast"))));
   load_module_safetensors(path, *f32, /*strict=*/true, /*allow_dtype_cast=*/true);
   EXPECT_EQ(f32->fc1->weight.scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(f32->fc1->weight, bf16->fc1->weight.to(torch::kFloat)));
@@ -609,15 +694,17 @@ TEST(SafetensorsModuleTest, DtypeMismatchNeedsOptIn) {
 // Interop with Python's safetensors package (the reference implementation).
 
 // The tensors both sides build: name -> (safetensors code, shape).
-const std::vector<std::pair<std::string, std::pair<std::string, std::vector<int64_t>>>>& interop_specs() {
-  static const std::vector<std::pair<std::string, std::pair<std::string, std::vector<int64_t>>>> specs = {
-      {"model.f64", {"F64", {2, 3}}},    {"model.f32", {"F32", {4, 5}}},
-      {"model.bf16", {"BF16", {3, 7}}},  {"model.f16", {"F16", {6}}},
-      {"model.i64", {"I64", {2, 2, 2}}}, {"model.i32", {"I32", {5}}},
-      {"model.i16", {"I16", {3}}},       {"model.i8", {"I8", {4}}},
-      {"model.u8", {"U8", {9}}},         {"model.bool", {"BOOL", {2, 5}}},
-      {"model.scalar", {"F32", {}}},     {"model.empty", {"F32", {0, 3}}},
-  };
+const std::vector<std::pair<std::string, std::pair<std::string, std::vector<int64_t>>>>&
+interop_specs() {
+  static const std::vector<std::pair<std::string, std::pair<std::string, std::vector<int64_t>>>>
+      specs = {
+          {"model.f64", {"F64", {2, 3}}},    {"model.f32", {"F32", {4, 5}}},
+          {"model.bf16", {"BF16", {3, 7}}},  {"model.f16", {"F16", {6}}},
+          {"model.i64", {"I64", {2, 2, 2}}}, {"model.i32", {"I32", {5}}},
+          {"model.i16", {"I16", {3}}},       {"model.i8", {"I8", {4}}},
+          {"model.u8", {"U8", {9}}},         {"model.bool", {"BOOL", {2, 5}}},
+          {"model.scalar", {"F32", {}}},     {"model.empty", {"F32", {0, 3}}},
+      };
   return specs;
 }
 
@@ -658,7 +745,8 @@ TEST(SafetensorsInteropTest, PythonReadsWhatCppWrites) {
   std::string python;
   MANTISSA_SKIP_WITHOUT_PYTHON_MODULES(python, "torch, safetensors.torch", dir.path());
   NamedTensors tensors;
-  for (const auto& [name, spec] : interop_specs()) tensors.emplace_back(name, pattern(dtype_of(spec.first), spec.second));
+  for (const auto& [name, spec] : interop_specs())
+    tensors.emplace_back(name, pattern(dtype_of(spec.first), spec.second));
   const auto path = dir.file("from_cpp.safetensors");
   save_safetensors(path, tensors, {{"producer", "mantissa"}});
 
@@ -732,8 +820,8 @@ std::vector<std::pair<std::string, std::string>> edge_case_files() {
   const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
   const std::string four(4, '\0');
   const auto nested = [](std::size_t levels) {
-    return R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":)" + std::string(levels, '[') +
-           std::string(levels, ']') + "}}";
+    return R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":)" +
+           std::string(levels, '[') + std::string(levels, ']') + "}}";
   };
   return {
       {"nul_padding", make_file("{" + w + "}" + std::string(3, '\0'), four)},
@@ -745,35 +833,56 @@ std::vector<std::pair<std::string, std::string>> edge_case_files() {
       {"metadata_number", make_file(R"({"__metadata__":{"a":1},)" + w + "}", four)},
       {"metadata_twice", make_file(R"({"__metadata__":{},"__metadata__":{},)" + w + "}", four)},
       {"metadata_key_twice", make_file(R"({"__metadata__":{"a":"1","a":"2"}})", "")},
-      {"tensor_twice", make_file("{" + w + ",\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-                                 std::string(8, '\0'))},
-      {"dtype_twice", make_file(R"({"w":{"dtype":"F16","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
-      {"unknown_field_twice", make_file(R"({"w":{"x":1,"x":2,"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
-      {"unknown_field", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[{"y":2}]}})", four)},
-      {"number_overflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":-1e400}})", four)},
-      {"number_underflow", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e-400}})", four)},
-      {"shape_minus_zero", make_file(R"({"w":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", "")},
-      {"shape_float", make_file(R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four)},
-      {"shape_exponent", make_file(R"({"w":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})", four)},
+      {"tensor_twice",
+       make_file("{" + w + ",\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                 std::string(8, '\0'))},
+      {"dtype_twice",
+       make_file(R"({"w":{"dtype":"F16","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"unknown_field_twice",
+       make_file(R"({"w":{"x":1,"x":2,"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"unknown_field",
+       make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[{"y":2}]}})", four)},
+      {"number_overflow",
+       make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":-1e400}})", four)},
+      {"number_underflow",
+       make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e-400}})", four)},
+      {"shape_minus_zero",
+       make_file(R"({"w":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", "")},
+      {"shape_float",
+       make_file(R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four)},
+      {"shape_exponent",
+       make_file(R"({"w":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})", four)},
       {"shape_null", make_file(R"({"w":{"dtype":"F32","shape":null,"data_offsets":[0,0]}})", "")},
-      {"shape_2_64", make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}})", four)},
-      {"numel_overflow", make_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "")},
-      {"three_offsets", make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,4]}})", four)},
-      {"offsets_object", make_file(R"({"w":{"dtype":"F32","shape":[],"data_offsets":{"0":0}}})", four)},
-      {"lone_surrogate", make_file(R"({"\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
-      {"escaped_nul_in_name", make_file(R"({"a\u0000b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"shape_2_64",
+       make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}})",
+                 four)},
+      {"numel_overflow",
+       make_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
+                 "")},
+      {"three_offsets",
+       make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,4]}})", four)},
+      {"offsets_object",
+       make_file(R"({"w":{"dtype":"F32","shape":[],"data_offsets":{"0":0}}})", four)},
+      {"lone_surrogate",
+       make_file(R"({"\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"escaped_nul_in_name",
+       make_file(R"({"a\u0000b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four)},
       {"empty_header", make_file("", "")},
       {"empty_object", make_file("{}", "")},
       {"byte_order_mark", make_file("\xef\xbb\xbf{}", "")},
       {"invalid_utf8_padding", make_file("{}\xff", "")},
       {"comment", make_file("{/*x*/}", "")},
-      {"lowercase_dtype", make_file(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", four)},
+      {"lowercase_dtype",
+       make_file(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", four)},
       {"tensor_null", make_file(R"({"w":null})", "")},
       {"two_empty_tensors", make_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
-                                      R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", "")},
-      {"fp8_fnuz_and_e8m0", make_file(R"({"a":{"dtype":"F8_E4M3FNUZ","shape":[2],"data_offsets":[0,2]},)"
-                                      R"("b":{"dtype":"F8_E5M2FNUZ","shape":[1],"data_offsets":[2,3]},)"
-                                      R"("c":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[3,4]}})", "\x01\x02\x03\x7f")},
+                                      R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                                      "")},
+      {"fp8_fnuz_and_e8m0",
+       make_file(R"({"a":{"dtype":"F8_E4M3FNUZ","shape":[2],"data_offsets":[0,2]},)"
+                 R"("b":{"dtype":"F8_E5M2FNUZ","shape":[1],"data_offsets":[2,3]},)"
+                 R"("c":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[3,4]}})",
+                 "\x01\x02\x03\x7f")},
       {"nested_127", make_file(nested(125), four)},
       {"nested_128", make_file(nested(126), four)},
       {"nested_100000", make_file(nested(100'000), four)},
@@ -784,11 +893,13 @@ std::vector<std::pair<std::string, std::string>> edge_case_files() {
 std::string cpp_verdict(const std::string& path) {
   try {
     auto loaded = load_safetensors(path);
-    std::sort(loaded.begin(), loaded.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(loaded.begin(), loaded.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string out = "OK";
     for (const auto& [name, tensor] : loaded) {
       out += " " + name + "[";
-      for (std::size_t i = 0; i < tensor.sizes().size(); ++i) out += (i ? "," : "") + std::to_string(tensor.size(i));
+      for (std::size_t i = 0; i < tensor.sizes().size(); ++i)
+        out += (i ? "," : "") + std::to_string(tensor.size(i));
       out += "]";
     }
     return out;

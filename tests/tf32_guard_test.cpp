@@ -6,9 +6,9 @@
 
 namespace {
 
-using mantissa::amp::Tf32Guard;
 using mantissa::amp::tf32_conv_allowed;
 using mantissa::amp::tf32_matmul_allowed;
+using mantissa::amp::Tf32Guard;
 
 TEST(Tf32GuardTest, AllowsAndRestores) {
   Tf32Guard off(false);

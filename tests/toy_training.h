@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "io/filesystem.h"
 #include <mantissa/trainer.h>
+#include "io/filesystem.h"
 
 namespace mantissa_test {
 

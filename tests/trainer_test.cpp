@@ -13,9 +13,9 @@
 #include <torch/torch.h>
 
 #include <mantissa/amp/grad_scaler.h>
-#include "io/filesystem.h"
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer.h>
+#include "io/filesystem.h"
 
 #include "io_test_util.h"
 #include "test_util.h"
@@ -57,10 +57,14 @@ Mlp make_model(uint64_t seed = 1) {
 }
 
 // Kept after the test (a run's output folder is worth a look when a test fails).
-std::string temp_dir() { return mantissa::io::make_temp_directory(::testing::TempDir(), "mantissa-trainer-"); }
+std::string temp_dir() {
+  return mantissa::io::make_temp_directory(::testing::TempDir(), "mantissa-trainer-");
+}
 
 // The CPU suite's arguments (TrainerCudaTest below sets the GPU's).
-TrainingArguments base_args(const std::string& output_dir) { return mantissa_test::toy_args(output_dir); }
+TrainingArguments base_args(const std::string& output_dir) {
+  return mantissa_test::toy_args(output_dir);
+}
 
 std::vector<torch::Tensor> params_of(const Mlp& model) {
   std::vector<torch::Tensor> out;
@@ -79,7 +83,8 @@ std::vector<double> logged(const TrainerState& state, const std::string& key) {
 // Stops the run after `step` optimizer steps (as a crash would, but cleanly).
 struct StopAt : TrainerCallback {
   explicit StopAt(int64_t step) : step_(step) {}
-  void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl& control) override {
+  void on_step_end(const TrainingArguments&, TrainerState& state,
+                   TrainerControl& control) override {
     if (state.global_step == step_) control.should_training_stop = true;
   }
   int64_t step_;
@@ -90,7 +95,8 @@ TEST(TrainerTest, ResumeContinuesTheIdenticalTrajectory) {
     SCOPED_TRACE(fp16 ? "fp16 + GradScaler" : "fp32");
     const auto dir_a = temp_dir();
     const auto dir_b = temp_dir();
-    auto args_a = base_args(dir_a).max_steps(20).fp16(fp16).initial_scale_power(8).loss_scale_window(3);
+    auto args_a =
+        base_args(dir_a).max_steps(20).fp16(fp16).initial_scale_power(8).loss_scale_window(3);
     auto straight = make_model();
     Trainer a(straight, args_a, ToyDataset(100));
     a.train();
@@ -103,14 +109,16 @@ TEST(TrainerTest, ResumeContinuesTheIdenticalTrajectory) {
     b1.train();
     ASSERT_TRUE(mantissa::io::is_directory(dir_b + "/checkpoint-10"));
 
-    auto resumed = make_model(/*seed=*/99);  // different init: everything must come from the checkpoint
+    auto resumed =
+        make_model(/*seed=*/99);  // different init: everything must come from the checkpoint
     Trainer b2(resumed, args_b, ToyDataset(100));
     b2.train("latest");
 
     EXPECT_EQ(b2.state().global_step, 20);
     const auto pa = params_of(straight);
     const auto pb = params_of(resumed);
-    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
     EXPECT_EQ(a.scaler().get_scale(), b2.scaler().get_scale());
     EXPECT_EQ(logged(a.state(), "loss"), logged(b2.state(), "loss"));
     EXPECT_EQ(logged(a.state(), "learning_rate"), logged(b2.state(), "learning_rate"));
@@ -120,19 +128,22 @@ TEST(TrainerTest, ResumeContinuesTheIdenticalTrajectory) {
 TEST(TrainerTest, DataloaderWorkersGiveTheSameRun) {
   auto run = [](int64_t workers) {
     auto model = make_model();
-    Trainer trainer(model, base_args(temp_dir()).max_steps(12).dataloader_num_workers(workers), ToyDataset(100));
+    Trainer trainer(model, base_args(temp_dir()).max_steps(12).dataloader_num_workers(workers),
+                    ToyDataset(100));
     trainer.train();
     return params_of(model);
   };
   const auto inline_loading = run(0);
   const auto prefetched = run(3);
-  for (size_t i = 0; i < inline_loading.size(); ++i) EXPECT_TRUE(torch::equal(inline_loading[i], prefetched[i]));
+  for (size_t i = 0; i < inline_loading.size(); ++i)
+    EXPECT_TRUE(torch::equal(inline_loading[i], prefetched[i]));
 }
 
 TEST(TrainerTest, GradientAccumulationMatchesOneLargeBatch) {
   auto run = [](int64_t batch, int64_t accumulation) {
     torch::manual_seed(3);
-    auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+    auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                       torch::nn::Linear(16, 4));
     auto args = base_args(temp_dir())
                     .per_device_train_batch_size(batch)
                     .gradient_accumulation_steps(accumulation)
@@ -182,10 +193,14 @@ TEST(TrainerTest, SkippedStepLeavesParamsAndScheduleAndIsLogged) {
   ::testing::internal::CaptureStdout();
   trainer.train();
   const auto out = ::testing::internal::GetCapturedStdout();
-  EXPECT_THAT(out, HasSubstr("step 3: gradients overflowed (inf/nan) at loss scale 65536; optimizer step skipped"));
+  EXPECT_THAT(
+      out,
+      HasSubstr(
+          "step 3: gradients overflowed (inf/nan) at loss scale 65536; optimizer step skipped"));
   EXPECT_EQ(trainer.state().skipped_steps, 1);
   ASSERT_EQ(recorder->lrs.size(), 6u);
-  EXPECT_EQ(recorder->lrs[2], recorder->lrs[1]) << "the scheduler must not advance on a skipped step";
+  EXPECT_EQ(recorder->lrs[2], recorder->lrs[1])
+      << "the scheduler must not advance on a skipped step";
   EXPECT_LT(recorder->lrs[3], recorder->lrs[2]);
   for (size_t i = 0; i < recorder->params[2].size(); ++i) {
     EXPECT_TRUE(torch::equal(recorder->params[2][i], recorder->params[1][i]));
@@ -203,7 +218,8 @@ TEST(TrainerTest, OptimizerAndSchedulerCanBePassedIn) {
   });
   trainer.set_lr_scheduler_factory([](torch::optim::Optimizer& optimizer, int64_t total) {
     EXPECT_EQ(total, 4);
-    return std::make_unique<mantissa::LrScheduler>(optimizer, [](int64_t step) { return 1.0 / (1 + step); });
+    return std::make_unique<mantissa::LrScheduler>(optimizer,
+                                                   [](int64_t step) { return 1.0 / (1 + step); });
   });
   auto recorder = std::make_shared<Recorder>();
   recorder->trainer = &trainer;
@@ -224,20 +240,24 @@ TEST(TrainerTest, EndlessFp16OverflowStopsWithAClearError) {
   });
   ::testing::internal::CaptureStdout();
   EXPECT_THAT([&] { trainer.train(); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr("5 optimizer steps in a row were skipped"), HasSubstr("--bf16"))));
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr("5 optimizer steps in a row were skipped"),
+                                              HasSubstr("--bf16"))));
   ::testing::internal::GetCapturedStdout();
 }
 
 TEST(TrainerTest, NonFiniteLossesStopABf16Run) {
   auto model = make_model();
-  auto args = base_args(temp_dir()).bf16(true).max_steps(20).logging_steps(4).max_consecutive_nonfinite(3);
+  auto args =
+      base_args(temp_dir()).bf16(true).max_steps(20).logging_steps(4).max_consecutive_nonfinite(3);
   Trainer trainer(model, args, ToyDataset(100));
   trainer.set_compute_loss([&](const Batch& batch) {
-    return torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target) * std::nan("");
+    return torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target) *
+           std::nan("");
   });
   ::testing::internal::CaptureStdout();
-  EXPECT_THAT([&] { trainer.train(); },
-              ThrowsMessage<c10::Error>(HasSubstr("the loss was not finite for 4 micro-batches in a row")));
+  EXPECT_THAT(
+      [&] { trainer.train(); },
+      ThrowsMessage<c10::Error>(HasSubstr("the loss was not finite for 4 micro-batches in a row")));
   ::testing::internal::GetCapturedStdout();
 }
 
@@ -245,19 +265,29 @@ TEST(TrainerTest, BadInputFailsBeforeAnyWork) {
   const auto dir = temp_dir();
   EXPECT_THAT([&] { Trainer(make_model(), base_args(dir), ToyDataset(0)).train(); },
               ThrowsMessage<c10::ValueError>(HasSubstr("the training dataset is empty")));
-  EXPECT_THAT([&] {
-    Trainer(make_model(), base_args(dir).per_device_train_batch_size(64).dataloader_drop_last(true), ToyDataset(10)).train();
-  }, ThrowsMessage<c10::ValueError>(HasSubstr("per_device_train_batch_size (64) is larger than the training dataset (10 examples)")));
+  EXPECT_THAT(
+      [&] {
+        Trainer(make_model(),
+                base_args(dir).per_device_train_batch_size(64).dataloader_drop_last(true),
+                ToyDataset(10))
+            .train();
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr(
+          "per_device_train_batch_size (64) is larger than the training dataset (10 examples)")));
 
   mantissa::io::create_directories(dir + "/checkpoint-3");
   EXPECT_THAT([&] { Trainer(make_model(), base_args(dir).max_steps(2), ToyDataset(10)).train(); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("already exists and is not empty. Use --overwrite_output_dir")));
-  EXPECT_NO_THROW(Trainer(make_model(), base_args(dir).max_steps(2).overwrite_output_dir(true), ToyDataset(10)).train());
+              ThrowsMessage<c10::ValueError>(
+                  HasSubstr("already exists and is not empty. Use --overwrite_output_dir")));
+  EXPECT_NO_THROW(
+      Trainer(make_model(), base_args(dir).max_steps(2).overwrite_output_dir(true), ToyDataset(10))
+          .train());
 
   auto bf16_model = make_model();
   bf16_model->to(torch::kBFloat16);
   EXPECT_THAT([&] { Trainer(bf16_model, base_args(temp_dir()).fp16(true), ToyDataset(10)); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("the model's parameters are bf16 but --fp16 was given")));
+              ThrowsMessage<c10::ValueError>(
+                  HasSubstr("the model's parameters are bf16 but --fp16 was given")));
   EXPECT_THAT([&] { Trainer(make_model(), base_args(dir).learning_rate(-1), ToyDataset(10)); },
               ThrowsMessage<c10::ValueError>(HasSubstr("learning_rate")));
 }
@@ -348,19 +378,22 @@ TEST(RunScheduleTest, StepsAndEpochsFromTheArguments) {
   s = make_run_schedule(100, TrainingArguments(args).max_steps(11));
   EXPECT_EQ(s.max_steps, 11);
   EXPECT_EQ(s.num_epochs, 3);  // ceil(11 / 5)
-  s = make_run_schedule(100, TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1));
+  s = make_run_schedule(100,
+                        TrainingArguments(args).dataloader_drop_last(true).num_train_epochs(1));
   EXPECT_EQ(s.batches_per_epoch, 12);
   EXPECT_EQ(s.updates_per_epoch, 4);
 
   const int64_t max = std::numeric_limits<int64_t>::max();
-  s = make_run_schedule(100, TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1));
+  s = make_run_schedule(100,
+                        TrainingArguments().per_device_train_batch_size(max).num_train_epochs(1));
   EXPECT_EQ(s.batches_per_epoch, 1);
   EXPECT_EQ(s.max_steps, 1);
   s = make_run_schedule(10, TrainingArguments().per_device_train_batch_size(1).max_steps(max));
   EXPECT_EQ(s.num_epochs, max / 10 + 1);  // ceil, without the overflow of (a + b - 1) / b
   EXPECT_THAT(
       [&] {
-        make_run_schedule(100, TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17));
+        make_run_schedule(
+            100, TrainingArguments().per_device_train_batch_size(1).num_train_epochs(1e17));
       },
       ThrowsMessage<c10::ValueError>(
           HasSubstr("--num_train_epochs 1e+17 of 100 optimizer steps each")));
@@ -374,10 +407,11 @@ TEST(TrainerTest, SaveTotalLimitKeepsTheNewestCheckpoints) {
   Trainer trainer(make_model(), args, ToyDataset(100));
   trainer.train();
   std::vector<std::string> names;
-  for (const auto& path : mantissa::detail::sorted_checkpoints(dir)) names.push_back(path.substr(dir.size() + 1));
+  for (const auto& path : mantissa::detail::sorted_checkpoints(dir))
+    names.push_back(path.substr(dir.size() + 1));
   EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-8", "checkpoint-10"}));
-  for (const char* file : {"model.safetensors", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth",
-                           "trainer_state.json", "training_args.json"}) {
+  for (const char* file : {"model.safetensors", "optimizer.pt", "scheduler.pt", "scaler.pt",
+                           "rng_state.pth", "trainer_state.json", "training_args.json"}) {
     EXPECT_TRUE(mantissa::io::path_exists(dir + "/checkpoint-10/" + file)) << file;
   }
   EXPECT_TRUE(mantissa::io::path_exists(dir + "/trainer_log.jsonl"));
@@ -387,7 +421,8 @@ TEST(TrainerTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
   const auto dir = temp_dir();
   auto args = base_args(dir).max_steps(10).save_strategy("steps").save_steps(5);
   mantissa::detail::checkpoint_write_hook = [](const std::string& path) {
-    if (path.find("checkpoint-10") != std::string::npos && path.find("optimizer.pt") != std::string::npos) {
+    if (path.find("checkpoint-10") != std::string::npos &&
+        path.find("optimizer.pt") != std::string::npos) {
       throw std::runtime_error("No space left on device (simulated)");
     }
   };
@@ -396,7 +431,8 @@ TEST(TrainerTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
   mantissa::detail::checkpoint_write_hook = nullptr;
 
   std::vector<std::string> entries = mantissa::io::list_directory(dir);
-  for (const auto& name : entries) EXPECT_EQ(name.find("tmp-"), std::string::npos) << "left behind: " << name;
+  for (const auto& name : entries)
+    EXPECT_EQ(name.find("tmp-"), std::string::npos) << "left behind: " << name;
   ASSERT_TRUE(mantissa::io::is_directory(dir + "/checkpoint-5"));
   EXPECT_FALSE(mantissa::io::path_exists(dir + "/checkpoint-10"));
   Trainer resumed(make_model(), args, ToyDataset(100));
@@ -412,20 +448,23 @@ TEST(TrainerTest, CorruptCheckpointNamesTheFile) {
 
   const auto optimizer_file = checkpoint + "/optimizer.pt";
   ASSERT_EQ(::unlink(optimizer_file.c_str()), 0);
-  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
-              ThrowsMessage<c10::Error>(HasSubstr("checkpoint file '" + optimizer_file + "' is missing")));
+  EXPECT_THAT(
+      [&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
+      ThrowsMessage<c10::Error>(HasSubstr("checkpoint file '" + optimizer_file + "' is missing")));
 
   const auto state_file = checkpoint + "/trainer_state.json";
   FILE* f = std::fopen(state_file.c_str(), "w");
   std::fputs("{ not json", f);
   std::fclose(f);
-  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train("latest"); },
-              ThrowsMessage<c10::Error>(HasSubstr("cannot load checkpoint file '" + state_file + "'")));
+  EXPECT_THAT(
+      [&] { Trainer(make_model(), args, ToyDataset(50)).train("latest"); },
+      ThrowsMessage<c10::Error>(HasSubstr("cannot load checkpoint file '" + state_file + "'")));
 }
 
 TEST(TrainerTest, EvaluationReportsLossAndAccuracyAndEarlyStoppingStops) {
   auto model = make_model();
-  auto args = base_args(temp_dir()).max_steps(40).eval_strategy("steps").eval_steps(5).learning_rate(0.0);
+  auto args =
+      base_args(temp_dir()).max_steps(40).eval_strategy("steps").eval_steps(5).learning_rate(0.0);
   Trainer trainer(model, args, ToyDataset(100), ToyDataset(40, /*seed=*/5));
   auto early = std::make_shared<mantissa::EarlyStoppingCallback>(/*patience=*/2);
   trainer.add_callback(early);
@@ -442,7 +481,8 @@ TEST(TrainerTest, EvaluationReportsLossAndAccuracyAndEarlyStoppingStops) {
 }
 
 TEST(TrainerTest, TrainingLearnsTheToyProblemInEachPrecision) {
-  for (const char* mode : {"fp32", "bf16", "fp16", "bf16-model", "bf16-model-fused", "fp32-fused"}) {
+  for (const char* mode :
+       {"fp32", "bf16", "fp16", "bf16-model", "bf16-model-fused", "fp32-fused"}) {
     SCOPED_TRACE(mode);
     auto model = make_model();
     auto args = base_args(temp_dir()).num_train_epochs(8).learning_rate(2e-2).logging_steps(1000);
@@ -488,14 +528,18 @@ print("scheduler", sch["last_epoch"])
 r = torch.load(d + "/rng_state.pth", weights_only=True)
 print("rng", r["cpu"].dtype, r["cpu"].numel() > 0)
 print("state", json.load(open(d + "/trainer_state.json"))["global_step"])
-)", dir + "/checkpoint-4", scratch);
+)",
+                                                dir + "/checkpoint-4", scratch);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const double weight_sum = model->fc1->weight.to(torch::kDouble).sum().item<double>();
   EXPECT_THAT(result.output, HasSubstr("model fc1.bias,fc1.weight,fc2.bias,fc2.weight"));
   const auto model_start = result.output.find("model ");
-  const auto model_line = result.output.substr(model_start, result.output.find('\n', model_start) - model_start);
+  const auto model_line =
+      result.output.substr(model_start, result.output.find('\n', model_start) - model_start);
   EXPECT_NEAR(std::stod(model_line.substr(model_line.rfind(' ') + 1)), weight_sum, 1e-9);
-  EXPECT_THAT(result.output, HasSubstr("scaler " + std::to_string(static_cast<int>(trainer.scaler().get_scale())) + ".0 4 2000"));
+  EXPECT_THAT(result.output,
+              HasSubstr("scaler " + std::to_string(static_cast<int>(trainer.scaler().get_scale())) +
+                        ".0 4 2000"));
   EXPECT_THAT(result.output, HasSubstr("scheduler 4"));
   EXPECT_THAT(result.output, HasSubstr("rng torch.uint8 True"));
   EXPECT_THAT(result.output, HasSubstr("state 4"));
@@ -505,8 +549,13 @@ TEST(TrainerTest, DeeplyNestedCheckpointFilesAreRefusedWithoutCrashing) {
   // A 100k-deep value used to overflow the stack in the error message (nlohmann's recursive
   // dump()); now the nesting is refused before parsing, and resuming names the file.
   const std::string open(100'000, '['), close(100'000, ']');
-  EXPECT_THAT([&] { TrainerState::from_json(R"({"epoch":0,"global_step":0,"log_history":[{"loss":)" + open + close + "}]}"); },
-              ThrowsMessage<c10::Error>(HasSubstr("trainer_state.json is not valid JSON: arrays and objects nest deeper")));
+  EXPECT_THAT(
+      [&] {
+        TrainerState::from_json(R"({"epoch":0,"global_step":0,"log_history":[{"loss":)" + open +
+                                close + "}]}");
+      },
+      ThrowsMessage<c10::Error>(
+          HasSubstr("trainer_state.json is not valid JSON: arrays and objects nest deeper")));
 
   const auto dir = temp_dir();
   auto args = base_args(dir).max_steps(4).save_strategy("steps").save_steps(4);
@@ -524,13 +573,15 @@ TEST(TrainerTest, DeeplyNestedCheckpointFilesAreRefusedWithoutCrashing) {
   for (int i = 0; i < 8; ++i) model[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   write(model_file, model + header);
   EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr("'" + model_file + "'"), HasSubstr("nest deeper than 127"))));
+              ThrowsMessage<c10::Error>(
+                  AllOf(HasSubstr("'" + model_file + "'"), HasSubstr("nest deeper than 127"))));
 
   const auto state_file = checkpoint + "/trainer_state.json";
   write(state_file, R"({"epoch":0,"global_step":4,"best_metric":)" + open + close + "}");
-  EXPECT_THAT([&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr("cannot load checkpoint file '" + state_file + "'"),
-                                              HasSubstr("nest deeper than 127"))));
+  EXPECT_THAT(
+      [&] { Trainer(make_model(), args, ToyDataset(50)).train(checkpoint); },
+      ThrowsMessage<c10::Error>(AllOf(HasSubstr("cannot load checkpoint file '" + state_file + "'"),
+                                      HasSubstr("nest deeper than 127"))));
 }
 
 TEST(TrainerTest, TrainerStateJsonRoundTrip) {
@@ -547,7 +598,8 @@ TEST(TrainerTest, TrainerStateJsonRoundTrip) {
   EXPECT_EQ(back.log_history[0].at("loss"), 0.5);
   EXPECT_TRUE(std::isnan(back.log_history[1].at("eval_loss")));
   EXPECT_THAT(state.to_json(), HasSubstr("\"global_step\": 12"));
-  EXPECT_THAT([] { TrainerState::from_json("[1, 2]"); }, ThrowsMessage<c10::Error>(HasSubstr("JSON object")));
+  EXPECT_THAT([] { TrainerState::from_json("[1, 2]"); },
+              ThrowsMessage<c10::Error>(HasSubstr("JSON object")));
 }
 
 // cuda_graph where no graph can be made (here: the CPU): one line says why, and the run is
@@ -555,7 +607,11 @@ TEST(TrainerTest, TrainerStateJsonRoundTrip) {
 TEST(TrainerTest, CudaGraphWithoutAGpuSaysWhyAndTrainsEagerly) {
   auto run = [](bool graph, std::string* out) {
     auto model = make_model();
-    auto args = base_args(temp_dir()).max_steps(10).logging_steps(1).optim("adamw_torch_fused").cuda_graph(graph);
+    auto args = base_args(temp_dir())
+                    .max_steps(10)
+                    .logging_steps(1)
+                    .optim("adamw_torch_fused")
+                    .cuda_graph(graph);
     Trainer trainer(model, args, ToyDataset(100));
     ::testing::internal::CaptureStdout();
     trainer.train();
@@ -568,8 +624,9 @@ TEST(TrainerTest, CudaGraphWithoutAGpuSaysWhyAndTrainsEagerly) {
   const auto graphed = run(true, &graph_out);
   ASSERT_EQ(eager.size(), 10u);
   EXPECT_EQ(graphed, eager);
-  EXPECT_THAT(graph_out, HasSubstr("cuda_graph: off, training eagerly: the device is cpu; CUDA graphs need a "
-                                   "CUDA device"));
+  EXPECT_THAT(graph_out,
+              HasSubstr("cuda_graph: off, training eagerly: the device is cpu; CUDA graphs need a "
+                        "CUDA device"));
   EXPECT_THAT(eager_out, ::testing::Not(HasSubstr("cuda_graph")));
 }
 
@@ -578,7 +635,11 @@ TEST(TrainerCudaTest, LearnsOnTheGpuInBf16AndFp16) {
   for (const char* mode : {"bf16", "fp16", "bf16-model"}) {
     SCOPED_TRACE(mode);
     auto model = make_model();
-    auto args = base_args(temp_dir()).use_cpu(false).num_train_epochs(8).learning_rate(2e-2).logging_steps(1000);
+    auto args = base_args(temp_dir())
+                    .use_cpu(false)
+                    .num_train_epochs(8)
+                    .learning_rate(2e-2)
+                    .logging_steps(1000);
     const std::string m = mode;
     if (m == "bf16") args.bf16(true);
     if (m == "fp16") args.fp16(true);
@@ -608,8 +669,13 @@ TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
     auto run = [&](bool graph) {
       auto model = make_model();
       model->dropout->options.p(0.0);
-      auto args = base_args(temp_dir()).use_cpu(false).num_train_epochs(2).logging_steps(1)
-                      .optim("adamw_torch_fused").weight_decay(0.01).cuda_graph(graph);
+      auto args = base_args(temp_dir())
+                      .use_cpu(false)
+                      .num_train_epochs(2)
+                      .logging_steps(1)
+                      .optim("adamw_torch_fused")
+                      .weight_decay(0.01)
+                      .cuda_graph(graph);
       if (mode == "bf16") args.bf16(true);
       if (mode == "fp16") args.fp16(true);
       if (mode == "fp16-overflow") args.fp16(true).initial_scale_power(30);
@@ -617,22 +683,32 @@ TEST(TrainerCudaTest, CudaGraphReplaysTheEagerRun) {
       Trainer trainer(model, args, ToyDataset(100));
       ::testing::internal::CaptureStdout();
       trainer.train();
-      Run r{logged(trainer.state(), "loss"), {}, trainer.scaler().get_scale(),
-            ::testing::internal::GetCapturedStdout(), trainer.state().skipped_steps};
-      for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "gradients are None after train()";
-      for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu().to(torch::kFloat));
+      Run r{logged(trainer.state(), "loss"),
+            {},
+            trainer.scaler().get_scale(),
+            ::testing::internal::GetCapturedStdout(),
+            trainer.state().skipped_steps};
+      for (const auto& p : model->parameters())
+        EXPECT_FALSE(p.grad().defined()) << "gradients are None after train()";
+      for (const auto& p : model->parameters())
+        r.params.push_back(p.detach().cpu().to(torch::kFloat));
       return r;
     };
     const auto eager = run(false);
     const auto graphed = run(true);
-    EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: step 4 captured (data [8, 8] Float, target [8] Long)"));
-    EXPECT_THAT(graphed.out, HasSubstr("cuda_graph: a batch of shape [4, 8] does not fit the captured step"));
-    EXPECT_THAT(graphed.out, ::testing::Not(HasSubstr("shape [8, 8] does not fit")));  // full batches replay
+    EXPECT_THAT(graphed.out,
+                HasSubstr("cuda_graph: step 4 captured (data [8, 8] Float, target [8] Long)"));
+    EXPECT_THAT(graphed.out,
+                HasSubstr("cuda_graph: a batch of shape [4, 8] does not fit the captured step"));
+    EXPECT_THAT(graphed.out,
+                ::testing::Not(HasSubstr("shape [8, 8] does not fit")));  // full batches replay
     EXPECT_EQ(graphed.skipped, eager.skipped);
-    if (mode == "fp16-overflow") EXPECT_GT(graphed.skipped, 3) << "some skips must happen inside the graph";
+    if (mode == "fp16-overflow")
+      EXPECT_GT(graphed.skipped, 3) << "some skips must happen inside the graph";
     ASSERT_EQ(graphed.losses.size(), eager.losses.size());
     for (size_t i = 0; i < eager.losses.size(); ++i) {
-      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * std::abs(eager.losses[i])) << "step " << i + 1;
+      EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-6 * std::abs(eager.losses[i]))
+          << "step " << i + 1;
     }
     for (size_t i = 0; i < eager.params.size(); ++i) {
       EXPECT_TRUE(torch::allclose(graphed.params[i], eager.params[i], 1e-5, 1e-6)) << "param " << i;

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <stdexcept>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -224,24 +224,93 @@ TEST(TrainingArgumentsTest, NoArgumentsGiveDefaults) {
 }
 
 TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
-  const std::vector<std::string> argv1 = {
-      "--output_dir", "out/run1", "--overwrite_output_dir", "--num_train_epochs", "2.5",
-      "--max_steps", "100", "--per_device_train_batch_size", "16",
-      "--per_device_eval_batch_size", "32", "--gradient_accumulation_steps", "4",
-      "--optim", "adamw_mantissa_fused", "--learning_rate", "3e-4", "--weight_decay", "0.01",
-      "--adam_beta1", "0.8", "--adam_beta2", "0.98", "--adam_epsilon", "1e-6",
-      "--max_grad_norm", "0.5", "--lr_scheduler_type", "cosine", "--warmup_steps", "10",
-      "--warmup_ratio", "0.1", "--eval_strategy", "steps", "--eval_steps", "50",
-      "--logging_strategy", "epoch", "--logging_steps", "10", "--logging_first_step", "true",
-      "--logging_nan_inf_filter", "false", "--save_strategy", "epoch", "--save_steps", "0.25",
-      "--save_total_limit", "3", "--resume_from_checkpoint", "latest", "--seed", "7",
-      "--data_seed", "11", "--bf16", "--tf32", "false", "--bf16_full_eval",
-      "--master_weights", "on", "--loss_scale", "128", "--initial_scale_power", "10",
-      "--loss_scale_window", "500", "--hysteresis", "2", "--consecutive_hysteresis",
-      "--min_loss_scale", "1", "--max_loss_scale", "1e6", "--max_consecutive_nonfinite", "5",
-      "--use_cpu", "--dataloader_num_workers", "2", "--dataloader_drop_last", "--disable_tqdm"};
-  const std::vector<std::string> argv2 = {"--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
-                                          "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false"};
+  const std::vector<std::string> argv1 = {"--output_dir",
+                                          "out/run1",
+                                          "--overwrite_output_dir",
+                                          "--num_train_epochs",
+                                          "2.5",
+                                          "--max_steps",
+                                          "100",
+                                          "--per_device_train_batch_size",
+                                          "16",
+                                          "--per_device_eval_batch_size",
+                                          "32",
+                                          "--gradient_accumulation_steps",
+                                          "4",
+                                          "--optim",
+                                          "adamw_mantissa_fused",
+                                          "--learning_rate",
+                                          "3e-4",
+                                          "--weight_decay",
+                                          "0.01",
+                                          "--adam_beta1",
+                                          "0.8",
+                                          "--adam_beta2",
+                                          "0.98",
+                                          "--adam_epsilon",
+                                          "1e-6",
+                                          "--max_grad_norm",
+                                          "0.5",
+                                          "--lr_scheduler_type",
+                                          "cosine",
+                                          "--warmup_steps",
+                                          "10",
+                                          "--warmup_ratio",
+                                          "0.1",
+                                          "--eval_strategy",
+                                          "steps",
+                                          "--eval_steps",
+                                          "50",
+                                          "--logging_strategy",
+                                          "epoch",
+                                          "--logging_steps",
+                                          "10",
+                                          "--logging_first_step",
+                                          "true",
+                                          "--logging_nan_inf_filter",
+                                          "false",
+                                          "--save_strategy",
+                                          "epoch",
+                                          "--save_steps",
+                                          "0.25",
+                                          "--save_total_limit",
+                                          "3",
+                                          "--resume_from_checkpoint",
+                                          "latest",
+                                          "--seed",
+                                          "7",
+                                          "--data_seed",
+                                          "11",
+                                          "--bf16",
+                                          "--tf32",
+                                          "false",
+                                          "--bf16_full_eval",
+                                          "--master_weights",
+                                          "on",
+                                          "--loss_scale",
+                                          "128",
+                                          "--initial_scale_power",
+                                          "10",
+                                          "--loss_scale_window",
+                                          "500",
+                                          "--hysteresis",
+                                          "2",
+                                          "--consecutive_hysteresis",
+                                          "--min_loss_scale",
+                                          "1",
+                                          "--max_loss_scale",
+                                          "1e6",
+                                          "--max_consecutive_nonfinite",
+                                          "5",
+                                          "--use_cpu",
+                                          "--dataloader_num_workers",
+                                          "2",
+                                          "--dataloader_drop_last",
+                                          "--disable_tqdm"};
+  const std::vector<std::string> argv2 = {
+      "--fp16",       "--fp16_full_eval",          "true", "--use_cpu",
+      "--cuda_graph", "--cuda_graph_warmup_steps", "5",    "--dataloader_pin_memory",
+      "false"};
 
   // Every field of the table is exercised by one of the two command lines.
   std::set<std::string> seen(argv1.begin(), argv1.end());
@@ -375,10 +444,9 @@ TEST(TrainingArgumentsTest, NoFlagsForBoolsThatDefaultToTrue) {
 }
 
 TEST(TrainingArgumentsTest, DashedAliasesAndEqualsForm) {
-  const auto a = TrainingArguments::parse({"--learning-rate", "3e-4",
-                                           "--per-device-train-batch-size=4",
-                                           "--logging-nan-inf-filter", "false",
-                                           "--output_dir=a=b", "--max_steps=-1"});
+  const auto a = TrainingArguments::parse(
+      {"--learning-rate", "3e-4", "--per-device-train-batch-size=4", "--logging-nan-inf-filter",
+       "false", "--output_dir=a=b", "--max_steps=-1"});
   EXPECT_EQ(a.learning_rate(), 3e-4);
   EXPECT_EQ(a.per_device_train_batch_size(), 4);
   EXPECT_FALSE(a.logging_nan_inf_filter());
@@ -424,9 +492,9 @@ TEST(TrainingArgumentsTest, UnknownFlagsAreRejected) {
 }
 
 TEST(TrainingArgumentsTest, ParseKnownReturnsTheRest) {
-  const auto [args, rest] = TrainingArguments::parse_known(
-      {"--my_flag", "--learning_rate", "1e-3", "--data_dir", "/data", "--bf16", "--use_cpu",
-       "--other=x", "positional"});
+  const auto [args, rest] =
+      TrainingArguments::parse_known({"--my_flag", "--learning_rate", "1e-3", "--data_dir", "/data",
+                                      "--bf16", "--use_cpu", "--other=x", "positional"});
   EXPECT_EQ(args.learning_rate(), 1e-3);
   EXPECT_TRUE(args.bf16());
   EXPECT_THAT(rest, ElementsAre("--my_flag", "--data_dir", "/data", "--other=x", "positional"));
@@ -436,9 +504,13 @@ TEST(TrainingArgumentsTest, ParseKnownReturnsTheRest) {
   EXPECT_THAT(none, IsEmpty());
 
   // Known flags are still checked.
-  EXPECT_THAT(value_error([] { TrainingArguments::parse_known({"--seed", "x", "--mine"}); }),
+  EXPECT_THAT(value_error([] {
+                TrainingArguments::parse_known({"--seed", "x", "--mine"});
+              }),
               HasSubstr("--seed: invalid value 'x'"));
-  EXPECT_THAT(value_error([] { TrainingArguments::parse_known({"--learning_rate", "-1", "--m"}); }),
+  EXPECT_THAT(value_error([] {
+                TrainingArguments::parse_known({"--learning_rate", "-1", "--m"});
+              }),
               HasSubstr("learning_rate must be non-negative"));
 }
 
@@ -608,7 +680,8 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
        "master_weights: yes is not a valid MasterWeightsMode, please select one of ['auto', "
        "'on', 'off']"},
       {"beta1 high", TrainingArguments(d).adam_beta1(1.0), "adam_beta1 must be in [0, 1), got 1.0"},
-      {"beta1 low", TrainingArguments(d).adam_beta1(-0.1), "adam_beta1 must be in [0, 1), got -0.1"},
+      {"beta1 low", TrainingArguments(d).adam_beta1(-0.1),
+       "adam_beta1 must be in [0, 1), got -0.1"},
       {"beta2", TrainingArguments(d).adam_beta2(1.5), "adam_beta2 must be in [0, 1), got 1.5"},
       {"epsilon", TrainingArguments(d).adam_epsilon(-1e-8),
        "adam_epsilon must be non-negative, got -1e-08"},
@@ -636,7 +709,8 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
       {"workers", TrainingArguments(d).dataloader_num_workers(-1),
        "dataloader_num_workers must be non-negative, got -1"},
       {"graph warmup", TrainingArguments(d).cuda_graph_warmup_steps(0),
-       "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an eager step), got 0"},
+       "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an eager step), "
+       "got 0"},
       {"output_dir", TrainingArguments(d).output_dir(""), "output_dir must not be empty"},
       {"resume", TrainingArguments(d).resume_from_checkpoint(std::string()),
        "resume_from_checkpoint must be a checkpoint folder or 'latest', got ''"},
@@ -799,8 +873,9 @@ TEST(TrainingArgumentsTest, Fp16NeedsCpuKernelsOnTheCpu) {
   EXPECT_EQ(support_error(TrainingArguments().fp16(true), machine(false, -1, -1, true)), kOk);
   // Any CUDA device runs fp16, even without CPU kernels; --use_cpu brings the CPU back.
   EXPECT_EQ(support_error(TrainingArguments().fp16(true), machine(true, 6, 0, false)), kOk);
-  EXPECT_THAT(support_error(TrainingArguments().fp16(true).use_cpu(true), machine(true, 8, 0, false)),
-              HasSubstr("fp16=True on the CPU"));
+  EXPECT_THAT(
+      support_error(TrainingArguments().fp16(true).use_cpu(true), machine(true, 8, 0, false)),
+      HasSubstr("fp16=True on the CPU"));
 }
 
 TEST(TrainingArgumentsTest, Tf32NeedsAnAmpereGpu) {
@@ -843,8 +918,8 @@ TEST(TrainingArgumentsTest, ComputeDtype) {
 
 TEST(TrainingArgumentsTest, Device) {
   EXPECT_EQ(TrainingArguments().use_cpu(true).device(), c10::Device(c10::kCPU));
-  const c10::Device want = torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0)
-                                                       : c10::Device(c10::kCPU);
+  const c10::Device want =
+      torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   EXPECT_EQ(TrainingArguments().device(), want);
 }
 
@@ -973,7 +1048,8 @@ TEST(TrainingArgumentsTest, FromJsonRejectsWrongTypes) {
   // No structured binding: clang before 16 cannot capture one in a lambda (the asan build).
   for (const auto& test_case : cases) {
     const std::string& text = test_case.first;
-    EXPECT_THAT(value_error([&] { TrainingArguments::from_json(text); }), HasSubstr(test_case.second))
+    EXPECT_THAT(value_error([&] { TrainingArguments::from_json(text); }),
+                HasSubstr(test_case.second))
         << text;
   }
 }
@@ -984,16 +1060,19 @@ TEST(TrainingArgumentsTest, FromJsonRejectsMalformedJson) {
   EXPECT_THAT(value_error([] { TrainingArguments::from_json("[1, 2]"); }),
               HasSubstr("expected a JSON object of TrainingArguments fields, got array"));
   // An out_of_range error of nlohmann's, not a parse error, and once not caught at all.
-  EXPECT_THAT(value_error([] { TrainingArguments::from_json(R"({"learning_rate": 1e400})"); }),
-              HasSubstr("from_json: not valid JSON: [json.exception.out_of_range.406] number overflow"));
+  EXPECT_THAT(
+      value_error([] { TrainingArguments::from_json(R"({"learning_rate": 1e400})"); }),
+      HasSubstr("from_json: not valid JSON: [json.exception.out_of_range.406] number overflow"));
 }
 
 TEST(TrainingArgumentsTest, FromJsonRefusesDeepNestingWithoutCrashing) {
   // The type error for "seed" used to print the value with nlohmann's recursive dump(), which
   // overflowed the stack at this depth. The nesting is now refused before parsing.
-  const std::string deep = R"({"seed": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
-  EXPECT_THAT(value_error([&] { TrainingArguments::from_json(deep); }),
-              HasSubstr("from_json: not valid JSON: arrays and objects nest deeper than 127 levels"));
+  const std::string deep =
+      R"({"seed": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  EXPECT_THAT(
+      value_error([&] { TrainingArguments::from_json(deep); }),
+      HasSubstr("from_json: not valid JSON: arrays and objects nest deeper than 127 levels"));
   TempDir dir;
   const std::string path = dir.file("training_args.json");
   write_text(path, deep);
@@ -1004,8 +1083,9 @@ TEST(TrainingArgumentsTest, FromJsonRefusesDeepNestingWithoutCrashing) {
 
 TEST(TrainingArgumentsTest, FromJsonRefusesNulBytes) {
   // nlohmann stops at a NUL and took the rest of the file for padding; Python's json refuses it.
-  EXPECT_THAT(value_error([] { TrainingArguments::from_json(std::string("{\"seed\": 1}\0{junk", 17)); }),
-              HasSubstr("from_json: not valid JSON: a NUL byte at offset 11"));
+  EXPECT_THAT(
+      value_error([] { TrainingArguments::from_json(std::string("{\"seed\": 1}\0{junk", 17)); }),
+      HasSubstr("from_json: not valid JSON: a NUL byte at offset 11"));
 }
 
 TEST(TrainingArgumentsTest, FromJsonMessagesStayShort) {
@@ -1017,7 +1097,8 @@ TEST(TrainingArgumentsTest, FromJsonMessagesStayShort) {
   EXPECT_LT(e1.size(), 300u);
 
   std::string many_keys = "{";
-  for (int i = 0; i < 1000; ++i) many_keys += (i ? ",\"" : "\"") + std::string(200, 'k') + std::to_string(i) + "\":1";
+  for (int i = 0; i < 1000; ++i)
+    many_keys += (i ? ",\"" : "\"") + std::string(200, 'k') + std::to_string(i) + "\":1";
   many_keys += "}";
   const std::string e2 = value_error([&] { TrainingArguments::from_json(many_keys); });
   EXPECT_THAT(e2, HasSubstr("unknown keys '" + std::string(60, 'k') + "...'"));
@@ -1035,20 +1116,23 @@ TEST(TrainingArgumentsTest, FromJsonValidatesUnlessAskedNot) {
 }
 
 TEST(TrainingArgumentsTest, ToJsonRejectsNonFinite) {
-  EXPECT_THAT(value_error([] {
-                TrainingArguments().learning_rate(std::numeric_limits<double>::quiet_NaN()).to_json();
-              }),
-              HasSubstr("to_json: learning_rate is nan, which JSON cannot hold"));
-  EXPECT_THAT(value_error([] {
-                TrainingArguments().max_loss_scale(std::numeric_limits<double>::infinity()).to_json();
-              }),
-              HasSubstr("to_json: max_loss_scale is inf"));
+  EXPECT_THAT(
+      value_error([] {
+        TrainingArguments().learning_rate(std::numeric_limits<double>::quiet_NaN()).to_json();
+      }),
+      HasSubstr("to_json: learning_rate is nan, which JSON cannot hold"));
+  EXPECT_THAT(
+      value_error([] {
+        TrainingArguments().max_loss_scale(std::numeric_limits<double>::infinity()).to_json();
+      }),
+      HasSubstr("to_json: max_loss_scale is inf"));
 }
 
 TEST(TrainingArgumentsTest, SaveAndLoadFile) {
   TempDir dir;
   const std::string path = dir.file("training_args.json");
-  const auto a = TrainingArguments().learning_rate(0.1).save_total_limit(5).fp16(true).use_cpu(true);
+  const auto a =
+      TrainingArguments().learning_rate(0.1).save_total_limit(5).fp16(true).use_cpu(true);
   a.save_json(path);
   EXPECT_EQ(TrainingArguments::load_json(path), a);
   // Nothing but the file itself is left behind (the temporary was renamed over it).

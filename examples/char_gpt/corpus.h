@@ -44,7 +44,8 @@ class CharVocabulary {
 /// `stride` 1 makes every start position an example, so the Trainer's seeded shuffle draws
 /// random windows (training); `stride` = block_size tiles the sequence without overlap, so
 /// each token is scored once (evaluation).
-class TokenWindows : public torch::data::datasets::BatchDataset<TokenWindows, torch::data::Example<>> {
+class TokenWindows
+    : public torch::data::datasets::BatchDataset<TokenWindows, torch::data::Example<>> {
  public:
   TokenWindows(torch::Tensor tokens, std::int64_t block_size, std::int64_t stride);
 

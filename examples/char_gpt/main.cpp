@@ -2,7 +2,8 @@
 //
 //   char_gpt --bf16 --max_steps 300 --learning_rate 1e-3 --model_size tiny
 //   char_gpt --bf16 --master_weights on ...          # bf16 weights, fp32 master copies
-//   char_gpt --model_size gpt2-small --bf16 ...      # the GPU benchmark's model (12 x 768, block 1024)
+//   char_gpt --model_size gpt2-small --bf16 ...      # the GPU benchmark's model (12 x 768, block
+//   1024)
 //
 // The corpus: the Jargon File 4.4.7 (public domain), 1.6 M characters of English prose in one
 // gzip-compressed UTF-8 file, from Debian's small `jargon-text` package (scripts/bootstrap
@@ -51,17 +52,26 @@ struct ProgramFlags {
   CLI::Option* block_size = nullptr;
 
   void add_to(CLI::App& app) {
-    app.add_option("--corpus", corpus, "UTF-8 text file (plain or .gz) to train on")->capture_default_str();
-    app.add_option("--max_corpus_chars", max_corpus_chars, "Use only the first N characters (0 = all)")
+    app.add_option("--corpus", corpus, "UTF-8 text file (plain or .gz) to train on")
         ->capture_default_str();
-    app.add_option("--val_fraction", val_fraction, "Fraction of the text, at its end, held out for evaluation")
+    app.add_option("--max_corpus_chars", max_corpus_chars,
+                   "Use only the first N characters (0 = all)")
         ->capture_default_str();
-    app.add_option("--model_size", model_size, "Preset: tiny, small or gpt2-small")->capture_default_str();
-    n_layer = app.add_option("--n_layer", overrides.n_layer, "Transformer blocks (default: from --model_size)");
-    n_head = app.add_option("--n_head", overrides.n_head, "Attention heads (default: from --model_size)");
-    n_embd = app.add_option("--n_embd", overrides.n_embd, "Embedding width (default: from --model_size)");
-    block_size = app.add_option("--block_size", overrides.block_size, "Context length (default: from --model_size)");
-    app.add_option("--sample_chars", sample_chars, "Characters to generate after training (0 = none)")
+    app.add_option("--val_fraction", val_fraction,
+                   "Fraction of the text, at its end, held out for evaluation")
+        ->capture_default_str();
+    app.add_option("--model_size", model_size, "Preset: tiny, small or gpt2-small")
+        ->capture_default_str();
+    n_layer = app.add_option("--n_layer", overrides.n_layer,
+                             "Transformer blocks (default: from --model_size)");
+    n_head = app.add_option("--n_head", overrides.n_head,
+                            "Attention heads (default: from --model_size)");
+    n_embd = app.add_option("--n_embd", overrides.n_embd,
+                            "Embedding width (default: from --model_size)");
+    block_size = app.add_option("--block_size", overrides.block_size,
+                                "Context length (default: from --model_size)");
+    app.add_option("--sample_chars", sample_chars,
+                   "Characters to generate after training (0 = none)")
         ->capture_default_str();
   }
 
@@ -87,62 +97,76 @@ double last_logged(const mantissa::TrainerState& state, const std::string& key) 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Trains a character-level GPT on a text corpus with mantissa's Trainer.", "char_gpt"};
+  CLI::App app{"Trains a character-level GPT on a text corpus with mantissa's Trainer.",
+               "char_gpt"};
   ProgramFlags flags;
   flags.add_to(app);
   const auto args = mantissa::examples::parse_example_flags(app, argc, argv);
-  TORCH_CHECK_VALUE(flags.val_fraction > 0 && flags.val_fraction < 1, "val_fraction must be in (0, 1), got ",
-                    flags.val_fraction);
+  TORCH_CHECK_VALUE(flags.val_fraction > 0 && flags.val_fraction < 1,
+                    "val_fraction must be in (0, 1), got ", flags.val_fraction);
   TORCH_CHECK_VALUE(flags.sample_chars >= 0, "sample_chars must be >= 0, got ", flags.sample_chars);
 
   const auto text = mantissa::examples::read_corpus(flags.corpus, flags.max_corpus_chars);
   const CharVocabulary vocabulary(text);
   const auto config = flags.model_config(vocabulary.size());
   const auto tokens = vocabulary.encode(text);
-  const auto n_val = static_cast<std::int64_t>(std::ceil(static_cast<double>(tokens.numel()) * flags.val_fraction));
+  const auto n_val = static_cast<std::int64_t>(
+      std::ceil(static_cast<double>(tokens.numel()) * flags.val_fraction));
   TokenWindows train(tokens.narrow(0, 0, tokens.numel() - n_val), config.block_size, /*stride=*/1);
-  TokenWindows validation(tokens.narrow(0, tokens.numel() - n_val, n_val), config.block_size, config.block_size);
-  TORCH_CHECK_VALUE(*train.size() > 0 && *validation.size() > 0, "corpus '", flags.corpus, "': ", tokens.numel(),
-                    " characters are too few for block_size ", config.block_size, " (the held-out ", n_val,
-                    " characters need at least ", config.block_size + 1,
-                    "); use more text (--max_corpus_chars), a larger --val_fraction or a smaller --block_size");
+  TokenWindows validation(tokens.narrow(0, tokens.numel() - n_val, n_val), config.block_size,
+                          config.block_size);
+  TORCH_CHECK_VALUE(
+      *train.size() > 0 && *validation.size() > 0, "corpus '", flags.corpus, "': ", tokens.numel(),
+      " characters are too few for block_size ", config.block_size, " (the held-out ", n_val,
+      " characters need at least ", config.block_size + 1,
+      "); use more text (--max_corpus_chars), a larger --val_fraction or a smaller --block_size");
 
   torch::manual_seed(static_cast<std::uint64_t>(args.seed()));
   CharGpt model(config);
   std::int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
-  std::printf("char_gpt: corpus %s: %lld characters, %lld distinct; train %lld, validation %lld (%zu windows)\n",
-              flags.corpus.c_str(), static_cast<long long>(tokens.numel()), static_cast<long long>(vocabulary.size()),
-              static_cast<long long>(tokens.numel() - n_val), static_cast<long long>(n_val), *validation.size());
+  std::printf(
+      "char_gpt: corpus %s: %lld characters, %lld distinct; train %lld, validation %lld (%zu "
+      "windows)\n",
+      flags.corpus.c_str(), static_cast<long long>(tokens.numel()),
+      static_cast<long long>(vocabulary.size()), static_cast<long long>(tokens.numel() - n_val),
+      static_cast<long long>(n_val), *validation.size());
   std::printf("char_gpt: model %lld layers, %lld heads, %lld wide, block %lld: %.2fM parameters\n",
               static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
-              static_cast<long long>(config.n_embd), static_cast<long long>(config.block_size), n_params / 1e6);
+              static_cast<long long>(config.n_embd), static_cast<long long>(config.block_size),
+              n_params / 1e6);
 
   // cross_entropy takes sequence logits as [batch, classes, time] against targets [batch, time],
   // so handing the Trainer the logits in that layout lets its default loss and evaluation loop
   // score every position with one forward pass.
-  auto forward = [model](const torch::Tensor& ids) mutable { return model->forward(ids).transpose(1, 2); };
-  mantissa::Trainer trainer(model.ptr(), forward, args, mantissa::make_batch_source(std::move(train)),
+  auto forward = [model](const torch::Tensor& ids) mutable {
+    return model->forward(ids).transpose(1, 2);
+  };
+  mantissa::Trainer trainer(model.ptr(), forward, args,
+                            mantissa::make_batch_source(std::move(train)),
                             mantissa::make_batch_source(std::move(validation)));
   // The Trainer hands compute_metrics every evaluation logit, on the CPU: [windows, vocab, block]
   // floats, 50 MB for the Jargon File's held-out 5% (632 windows x 155 x 128).
   trainer.set_compute_metrics([](const torch::Tensor& logits, const torch::Tensor& targets) {
-    return mantissa::LogEntry{{"perplexity", std::exp(torch::cross_entropy_loss(logits, targets).item<double>())}};
+    return mantissa::LogEntry{
+        {"perplexity", std::exp(torch::cross_entropy_loss(logits, targets).item<double>())}};
   });
 
   const auto result = trainer.train();
   const auto metrics = trainer.evaluate();
-  // Every example is block_size tokens: tokens/s = batch x block_size x steps / train time, counting
-  // only this run's steps (not those before a resumed checkpoint).
+  // Every example is block_size tokens: tokens/s = batch x block_size x steps / train time,
+  // counting only this run's steps (not those before a resumed checkpoint).
   const double tokens_per_second =
       result.metrics.at("train_samples_per_second") * static_cast<double>(config.block_size);
   std::printf("char_gpt: %lld steps in %.1f s (%.0f tokens/s); last train loss %.4f\n",
-              static_cast<long long>(result.global_step), result.metrics.at("train_runtime"), tokens_per_second,
-              last_logged(trainer.state(), "loss"));
-  std::printf("char_gpt: eval loss %.4f, perplexity %.3f\n", metrics.at("eval_loss"), metrics.at("eval_perplexity"));
+              static_cast<long long>(result.global_step), result.metrics.at("train_runtime"),
+              tokens_per_second, last_logged(trainer.state(), "loss"));
+  std::printf("char_gpt: eval loss %.4f, perplexity %.3f\n", metrics.at("eval_loss"),
+              metrics.at("eval_perplexity"));
 
   if (flags.sample_chars > 0) {
-    const auto prompt = tokens.narrow(0, tokens.numel() - n_val, 1).view({1, 1});  // held-out text's first character
+    const auto prompt = tokens.narrow(0, tokens.numel() - n_val, 1)
+                            .view({1, 1});  // held-out text's first character
     const auto sample = model->generate(prompt, flags.sample_chars, /*temperature=*/0.8);
     std::printf("char_gpt: sample:\n%s\n", vocabulary.decode(sample).c_str());
   }

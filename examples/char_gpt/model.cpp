@@ -25,8 +25,8 @@ void GptConfig::validate() const {
   TORCH_CHECK_VALUE(block_size > 0, "block_size must be positive, got ", block_size);
   TORCH_CHECK_VALUE(n_layer > 0, "n_layer must be positive, got ", n_layer);
   TORCH_CHECK_VALUE(n_head > 0, "n_head must be positive, got ", n_head);
-  TORCH_CHECK_VALUE(n_embd > 0 && n_embd % n_head == 0, "n_embd (", n_embd, ") must be a positive multiple of n_head (",
-                    n_head, ")");
+  TORCH_CHECK_VALUE(n_embd > 0 && n_embd % n_head == 0, "n_embd (", n_embd,
+                    ") must be a positive multiple of n_head (", n_head, ")");
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config) : n_head(config.n_head) {
@@ -36,8 +36,11 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config) : n_he
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto batch = x.size(0), time = x.size(1), channels = x.size(2);
-  auto heads = qkv(x).view({batch, time, 3, n_head, channels / n_head}).permute({2, 0, 3, 1, 4});  // 3 B H T D
-  auto y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
+  auto heads = qkv(x)
+                   .view({batch, time, 3, n_head, channels / n_head})
+                   .permute({2, 0, 3, 1, 4});  // 3 B H T D
+  auto y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0,
                                             /*is_causal=*/true);
   return proj(y.transpose(1, 2).reshape({batch, time, channels}));
 }
@@ -61,7 +64,8 @@ CharGptImpl::CharGptImpl(const GptConfig& cfg) : config(cfg) {
   wpe = register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd));
   for (std::int64_t i = 0; i < config.n_layer; ++i) blocks->push_back(Block(config));
   register_module("blocks", blocks);
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  ln_f =
+      register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
 
   torch::NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
@@ -80,8 +84,8 @@ CharGptImpl::CharGptImpl(const GptConfig& cfg) : config(cfg) {
 
 torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
   const auto time = ids.size(1);
-  TORCH_CHECK_VALUE(time <= config.block_size, "sequence of ", time, " tokens is longer than block_size ",
-                    config.block_size);
+  TORCH_CHECK_VALUE(time <= config.block_size, "sequence of ", time,
+                    " tokens is longer than block_size ", config.block_size);
   auto positions = torch::arange(time, ids.options().dtype(torch::kLong));
   auto x = wte(ids) + wpe(positions);
   for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
@@ -97,7 +101,8 @@ torch::Tensor CharGptImpl::generate(torch::Tensor context, std::int64_t count, d
   context = context.to(wte->weight.device());
   for (std::int64_t i = 0; i < count; ++i) {
     const auto start = std::max<std::int64_t>(0, context.size(1) - config.block_size);
-    auto logits = forward(context.narrow(1, start, context.size(1) - start)).select(1, -1).to(torch::kFloat);
+    auto logits =
+        forward(context.narrow(1, start, context.size(1) - start)).select(1, -1).to(torch::kFloat);
     auto next = torch::multinomial(torch::softmax(logits / temperature, -1), 1);
     context = torch::cat({context, next}, 1);
   }

@@ -44,7 +44,8 @@ class GzFile {
 };
 
 std::uint32_t big_endian(const std::array<unsigned char, 4>& b) {
-  return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
+  return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
+         b[3];
 }
 
 std::string file_in(const std::string& dir, const std::string& name) {
@@ -63,8 +64,8 @@ torch::Tensor read_idx(const std::string& path) {
   GzFile file(path);
   std::array<unsigned char, 4> magic{};
   file.read(magic.data(), 4);
-  TORCH_CHECK(magic[0] == 0 && magic[1] == 0 && magic[2] == 0x08,
-              "'", path, "' is not an IDX file of unsigned bytes (bad magic number)");
+  TORCH_CHECK(magic[0] == 0 && magic[1] == 0 && magic[2] == 0x08, "'", path,
+              "' is not an IDX file of unsigned bytes (bad magic number)");
   const int dims = magic[3];
   TORCH_CHECK(dims >= 1 && dims <= 4, "'", path, "' has an implausible rank ", dims);
   std::vector<int64_t> shape;
@@ -100,7 +101,8 @@ torch::data::Example<> FashionMnist::get_batch(c10::ArrayRef<size_t> indices) {
   // A view of the indices, not a copy (torch::tensor would dispatch a handful of ops): `rows`
   // outlives both index_select calls, which copy what they gather.
   std::vector<int64_t> rows(indices.begin(), indices.end());
-  const auto index = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, torch::kLong);
+  const auto index =
+      torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, torch::kLong);
   return {images_.index_select(0, index), targets_.index_select(0, index)};
 }
 

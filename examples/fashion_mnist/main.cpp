@@ -40,10 +40,12 @@ int main(int argc, char** argv) try {
   mantissa::Trainer trainer(model, args, std::move(train), std::move(test));
   const auto result = trainer.train();
   const auto metrics = trainer.evaluate();
-  std::printf("fashion_mnist: %lld steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy %.2f%%\n",
-              static_cast<long long>(result.global_step), result.metrics.at("train_runtime"),
-              result.metrics.at("train_samples_per_second"), metrics.at("eval_loss"),
-              100.0 * metrics.at("eval_accuracy"));
+  std::printf(
+      "fashion_mnist: %lld steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy "
+      "%.2f%%\n",
+      static_cast<long long>(result.global_step), result.metrics.at("train_runtime"),
+      result.metrics.at("train_samples_per_second"), metrics.at("eval_loss"),
+      100.0 * metrics.at("eval_accuracy"));
   return 0;
 } catch (const c10::Error& e) {  // the message without LibTorch's C++ backtrace
   std::cerr << "fashion_mnist: error: " << e.what_without_backtrace() << "\n";

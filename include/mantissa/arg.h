@@ -11,22 +11,22 @@
 /// The field itself is `lr_`, private; a default is given in-class after the macro. Unlike
 /// `TORCH_ARG`, a non-const object also has a mutable getter (`T& lr()`), so a field can be
 /// changed in place (`args.tf32().reset()`, `options.betas() = {0.9, 0.95}`).
-#define MANTISSA_ARG(T, name)                                            \
- public:                                                                 \
+#define MANTISSA_ARG(T, name)                                           \
+ public:                                                                \
   inline auto name(const T& new_##name)->decltype(*this) { /* NOLINT */ \
-    this->name##_ = new_##name;                                          \
-    return *this;                                                        \
-  }                                                                      \
+    this->name##_ = new_##name;                                         \
+    return *this;                                                       \
+  }                                                                     \
   inline auto name(T&& new_##name)->decltype(*this) { /* NOLINT */      \
-    this->name##_ = std::move(new_##name);                               \
-    return *this;                                                        \
-  }                                                                      \
+    this->name##_ = std::move(new_##name);                              \
+    return *this;                                                       \
+  }                                                                     \
   inline const T& name() const noexcept { /* NOLINT */                  \
-    return this->name##_;                                                \
-  }                                                                      \
+    return this->name##_;                                               \
+  }                                                                     \
   inline T& name() noexcept { /* NOLINT */                              \
-    return this->name##_;                                                \
-  }                                                                      \
-                                                                         \
- private:                                                                \
+    return this->name##_;                                               \
+  }                                                                     \
+                                                                        \
+ private:                                                               \
   T name##_ /* NOLINT */

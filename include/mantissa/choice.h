@@ -40,7 +40,8 @@ class Choice {
     if (index_ < 0) unknown_ = std::string(name);
   }
   /// Same as `Choice(std::string_view)`.
-  Choice(const char* name) : Choice(std::string_view(name)) {}  // NOLINT(google-explicit-constructor)
+  Choice(const char* name)
+      : Choice(std::string_view(name)) {}  // NOLINT(google-explicit-constructor)
   /// Same as `Choice(std::string_view)`.
   Choice(const std::string& name)  // NOLINT(google-explicit-constructor)
       : Choice(std::string_view(name)) {}
@@ -58,7 +59,8 @@ class Choice {
 
   /// The spelling: the enumerator's name, or the text an invalid choice was built from.
   std::string_view name() const noexcept {
-    return is_valid() ? std::string_view(ChoiceTraits<E>::names[index_]) : std::string_view(unknown_);
+    return is_valid() ? std::string_view(ChoiceTraits<E>::names[index_])
+                      : std::string_view(unknown_);
   }
 
   /// Every spelling `E` has, in order.

@@ -32,8 +32,8 @@ namespace mantissa {
 /// "foo is not a valid SchedulerType, please select one of ['linear', 'cosine', 'constant',
 /// 'constant_with_warmup']"; a negative `warmup` or `total` throws `c10::ValueError` naming it.
 /// Pure host arithmetic.
-double schedule_factor(const Choice<SchedulerType>& type, std::int64_t step, std::int64_t num_warmup_steps,
-                       std::int64_t num_training_steps);
+double schedule_factor(const Choice<SchedulerType>& type, std::int64_t step,
+                       std::int64_t num_warmup_steps, std::int64_t num_training_steps);
 
 /// A learning-rate scheduler over a LibTorch optimizer: Hugging Face's `get_scheduler(type,
 /// optimizer, num_warmup_steps, num_training_steps)`, which is a

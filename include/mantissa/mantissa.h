@@ -2,23 +2,23 @@
 
 /// The umbrella header: everything mantissa offers. Include the single headers instead to
 /// keep compile times down.
-#include <mantissa/version.h>
-#include <mantissa/arg.h>
-#include <mantissa/choice.h>
-#include <mantissa/argument_enums.h>
-#include <mantissa/training_arguments.h>
 #include <mantissa/amp/autocast.h>
-#include <mantissa/amp/tf32_guard.h>
-#include <mantissa/amp/unscale.h>
-#include <mantissa/amp/supports_amp_scaling.h>
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
-#include <mantissa/optim/fused_adamw.h>
+#include <mantissa/amp/supports_amp_scaling.h>
+#include <mantissa/amp/tf32_guard.h>
+#include <mantissa/amp/unscale.h>
+#include <mantissa/arg.h>
+#include <mantissa/argument_enums.h>
+#include <mantissa/batch.h>
+#include <mantissa/choice.h>
+#include <mantissa/clip_grad.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
-#include <mantissa/clip_grad.h>
-#include <mantissa/batch.h>
+#include <mantissa/optim/fused_adamw.h>
 #include <mantissa/precision_plan.h>
+#include <mantissa/trainer.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/trainer_hooks.h>
-#include <mantissa/trainer.h>
+#include <mantissa/training_arguments.h>
+#include <mantissa/version.h>

@@ -112,7 +112,8 @@ class Trainer {
   /// Python: `trainer.evaluate()`. Syncs.
   LogEntry evaluate();
 
-  /// Writes `model.safetensors` and `training_args.json` into `dir`. Python: `trainer.save_model(dir)`.
+  /// Writes `model.safetensors` and `training_args.json` into `dir`. Python:
+  /// `trainer.save_model(dir)`.
   void save_model(const std::string& dir) const;
 
   const TrainerState& state() const;

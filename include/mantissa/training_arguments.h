@@ -226,8 +226,7 @@ class TrainingArguments {
       int argc, const char* const* argv);
 
   /// Same as `parse_known(argc, argv)`, for `main(int argc, char** argv)`.
-  static std::pair<TrainingArguments, std::vector<std::string>> parse_known(int argc,
-                                                                            char** argv);
+  static std::pair<TrainingArguments, std::vector<std::string>> parse_known(int argc, char** argv);
 
   /// Same as `parse_known(argc, argv)` for the arguments alone (no program name first).
   static std::pair<TrainingArguments, std::vector<std::string>> parse_known(

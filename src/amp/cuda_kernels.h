@@ -6,7 +6,8 @@
 
 namespace mantissa::amp::cuda {
 
-/// bf16 (or any floating dtype) unscale + non-finite check on CUDA; see non_finite_check_and_unscale_.
+/// bf16 (or any floating dtype) unscale + non-finite check on CUDA; see
+/// non_finite_check_and_unscale_.
 void non_finite_check_and_unscale_(at::TensorList grads, at::Tensor& found_inf,
                                    const at::Tensor& inv_scale);
 

@@ -41,8 +41,8 @@ void check_backoff_factor(double factor) {
                     "The backoff factor must be < 1.0 (and > 0). Got backoff_factor=", factor);
 }
 void check_growth_interval(std::int64_t interval) {
-  TORCH_CHECK_VALUE(interval >= 1, "The growth interval must be >= 1. Got growth_interval=",
-                    interval);
+  TORCH_CHECK_VALUE(interval >= 1,
+                    "The growth interval must be >= 1. Got growth_interval=", interval);
 }
 
 }  // namespace
@@ -53,21 +53,21 @@ GradScaler::GradScaler(GradScalerOptions options)
     check_growth_factor(options_.growth_factor());
     check_backoff_factor(options_.backoff_factor());
     check_growth_interval(options_.growth_interval());
-    TORCH_CHECK_VALUE(std::isfinite(options_.init_scale()) && options_.init_scale() > 0,
-                      "init_scale must be a finite positive number. Got init_scale=",
-                      options_.init_scale());
-    TORCH_CHECK_VALUE(options_.hysteresis() >= 1, "hysteresis must be >= 1. Got hysteresis=",
-                      options_.hysteresis());
-    TORCH_CHECK_VALUE(options_.min_scale() >= 0, "min_scale must be >= 0. Got min_scale=",
-                      options_.min_scale());
+    TORCH_CHECK_VALUE(
+        std::isfinite(options_.init_scale()) && options_.init_scale() > 0,
+        "init_scale must be a finite positive number. Got init_scale=", options_.init_scale());
+    TORCH_CHECK_VALUE(options_.hysteresis() >= 1,
+                      "hysteresis must be >= 1. Got hysteresis=", options_.hysteresis());
+    TORCH_CHECK_VALUE(options_.min_scale() >= 0,
+                      "min_scale must be >= 0. Got min_scale=", options_.min_scale());
     TORCH_CHECK_VALUE(options_.max_scale() >= options_.min_scale(),
                       "max_scale must be >= min_scale. Got max_scale=", options_.max_scale(),
                       ", min_scale=", options_.min_scale());
-    TORCH_CHECK_VALUE(options_.init_scale() >= options_.min_scale() &&
-                          options_.init_scale() <= options_.max_scale(),
-                      "init_scale must lie in [min_scale, max_scale]. Got init_scale=",
-                      options_.init_scale(), ", min_scale=", options_.min_scale(),
-                      ", max_scale=", options_.max_scale());
+    TORCH_CHECK_VALUE(
+        options_.init_scale() >= options_.min_scale() &&
+            options_.init_scale() <= options_.max_scale(),
+        "init_scale must lie in [min_scale, max_scale]. Got init_scale=", options_.init_scale(),
+        ", min_scale=", options_.min_scale(), ", max_scale=", options_.max_scale());
   }
 }
 
@@ -94,8 +94,8 @@ void GradScaler::lazy_init_scale_growth_tracker(const c10::Device& device) {
 std::pair<const at::Tensor&, const at::Tensor&> GradScaler::check_scale_growth_tracker(
     const char* funcname) const {
   TORCH_CHECK(scale_.defined(), "Attempted ", funcname, " but _scale is None.  ", kScaleFix);
-  TORCH_CHECK(growth_tracker_.defined(), "Attempted ", funcname,
-              " but _growth_tracker is None.  ", kScaleFix);
+  TORCH_CHECK(growth_tracker_.defined(), "Attempted ", funcname, " but _growth_tracker is None.  ",
+              kScaleFix);
   return {scale_, growth_tracker_};
 }
 
@@ -103,7 +103,8 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   if (!options_.enabled()) return outputs;
   if (!scale_.defined()) {
     TORCH_CHECK(!mantissa::detail::is_capturing_on(outputs.device()),
-                "GradScaler: the first scale() is being captured in a CUDA graph, where making the scale would run "
+                "GradScaler: the first scale() is being captured in a CUDA graph, where making the "
+                "scale would run "
                 "again (resetting it) on every replay. Run an eager step first.");
     lazy_init_scale_growth_tracker(outputs.device());
   }
@@ -135,7 +136,8 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
   };
 
   // Grouped by device, then dtype, in order of first appearance (Python's defaultdicts).
-  std::vector<std::pair<c10::Device, std::vector<std::pair<c10::ScalarType, std::vector<at::Tensor>>>>>
+  std::vector<
+      std::pair<c10::Device, std::vector<std::pair<c10::ScalarType, std::vector<at::Tensor>>>>>
       groups;
   at::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
@@ -232,7 +234,8 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
 
   if (state.stage == Stage::kReady) unscale_(optimizer);
-  TORCH_CHECK(!state.found_inf_per_device.empty(), "No inf checks were recorded for this optimizer.");
+  TORCH_CHECK(!state.found_inf_per_device.empty(),
+              "No inf checks were recorded for this optimizer.");
   // _maybe_opt_step: the one host sync of a non-fused step.
   double found = 0.0;
   for (const auto& [device, flag] : state.found_inf_per_device) found += flag.item<double>();
@@ -294,8 +297,11 @@ void GradScaler::update_with_extensions(const at::Tensor& found_inf) {
     // Backing off at the floor would skip steps forever: stop with an error instead.
     // Reading the flag is the one host sync this option costs.
     const bool stuck = (overflow & hysteresis_spent & scale_.le(options_.min_scale())).item<bool>();
-    TORCH_CHECK(!stuck, "Current loss scale already at minimum - cannot decrease scale anymore. "
-                "The loss scale is ", options_.min_scale(), " (min_scale) and the gradients still "
+    TORCH_CHECK(!stuck,
+                "Current loss scale already at minimum - cannot decrease scale anymore. "
+                "The loss scale is ",
+                options_.min_scale(),
+                " (min_scale) and the gradients still "
                 "overflow: try bf16, a lower learning rate, or gradient clipping.");
   }
   auto backed_off = scale_ * options_.backoff_factor();
@@ -308,12 +314,13 @@ void GradScaler::update_with_extensions(const at::Tensor& found_inf) {
 
   const auto new_scale = at::where(overflow, at::where(hysteresis_spent, backed_off, scale_),
                                    at::where(grow, grown, scale_));
-  const auto new_tracker = at::where(overflow | grow, at::zeros_like(growth_tracker_), next_tracker);
+  const auto new_tracker =
+      at::where(overflow | grow, at::zeros_like(growth_tracker_), next_tracker);
   const auto refill = at::full_like(hysteresis_tracker_, options_.hysteresis());
   const auto refill_now = options_.consecutive_hysteresis() ? overflow.logical_not() : grow;
-  const auto new_hysteresis = at::where(
-      overflow, at::where(hysteresis_spent, hysteresis_tracker_, hysteresis_tracker_ - 1),
-      at::where(refill_now, refill, hysteresis_tracker_));
+  const auto new_hysteresis =
+      at::where(overflow, at::where(hysteresis_spent, hysteresis_tracker_, hysteresis_tracker_ - 1),
+                at::where(refill_now, refill, hysteresis_tracker_));
   scale_.copy_(new_scale);
   growth_tracker_.copy_(new_tracker);
   hysteresis_tracker_.copy_(new_hysteresis);
@@ -424,8 +431,9 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   TORCH_CHECK_VALUE(growth_tracker >= 0 && growth_tracker < growth_interval,
                     "GradScaler state dict: '_growth_tracker' is ", growth_tracker,
                     ", outside [0, growth_interval=", growth_interval, ")");
-  const std::int64_t hysteresis_tracker =
-      state.contains("_hysteresis_tracker") ? as_int("_hysteresis_tracker") : init_hysteresis_tracker_;
+  const std::int64_t hysteresis_tracker = state.contains("_hysteresis_tracker")
+                                              ? as_int("_hysteresis_tracker")
+                                              : init_hysteresis_tracker_;
   TORCH_CHECK_VALUE(hysteresis_tracker >= 1, "GradScaler state dict: '_hysteresis_tracker' is ",
                     hysteresis_tracker, ", but it must be >= 1");
 

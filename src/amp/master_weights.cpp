@@ -28,8 +28,8 @@ MasterWeights::MasterWeights(std::vector<at::Tensor> model_params)
   for (std::size_t i = 0; i < n; ++i) {
     const auto& param = model_params_[i];
     TORCH_CHECK_VALUE(param.defined(), "MasterWeights: model parameter ", i, " is undefined");
-    TORCH_CHECK_VALUE(at::isFloatingType(param.scalar_type()), "MasterWeights: model parameter ",
-                      i, " has dtype ", param.scalar_type(),
+    TORCH_CHECK_VALUE(at::isFloatingType(param.scalar_type()), "MasterWeights: model parameter ", i,
+                      " has dtype ", param.scalar_type(),
                       "; only floating-point parameters can be trained");
     if (auto seen = index_of_.find(param.unsafeGetTensorImpl()); seen != index_of_.end()) {
       // The same tensor again (tied weights): share its master and its gradient buffer.
@@ -56,21 +56,24 @@ MasterWeights::MasterWeights(std::vector<at::Tensor> model_params)
   }
 }
 
-MasterWeights::MasterWeights(const torch::nn::Module& module) : MasterWeights(module.parameters()) {}
+MasterWeights::MasterWeights(const torch::nn::Module& module)
+    : MasterWeights(module.parameters()) {}
 
 MasterWeights::MasterWeights(MasterWeights&&) noexcept = default;
 MasterWeights& MasterWeights::operator=(MasterWeights&&) noexcept = default;
 MasterWeights::~MasterWeights() = default;
 
 const at::Tensor& MasterWeights::master_of(const at::Tensor& model_param) const {
-  const auto it = model_param.defined() ? index_of_.find(model_param.unsafeGetTensorImpl())
-                                        : index_of_.end();
-  TORCH_CHECK_VALUE(it != index_of_.end(),
-                    "MasterWeights: the tensor is not one of the model parameters it was built from");
+  const auto it =
+      model_param.defined() ? index_of_.find(model_param.unsafeGetTensorImpl()) : index_of_.end();
+  TORCH_CHECK_VALUE(
+      it != index_of_.end(),
+      "MasterWeights: the tensor is not one of the model parameters it was built from");
   return master_params_[it->second];
 }
 
-std::vector<at::Tensor> MasterWeights::masters_for(const std::vector<at::Tensor>& model_params) const {
+std::vector<at::Tensor> MasterWeights::masters_for(
+    const std::vector<at::Tensor>& model_params) const {
   std::vector<at::Tensor> masters;
   masters.reserve(model_params.size());
   for (std::size_t i = 0; i < model_params.size(); ++i) {
@@ -192,8 +195,9 @@ bool warn_pure_low_precision_once(c10::ScalarType dtype) {
   auto& warned = dtype == c10::ScalarType::BFloat16 ? warned_bf16 : warned_fp16;
   if (warned.exchange(true)) return false;
   const char* bits = dtype == c10::ScalarType::BFloat16 ? "8" : "11";
-  TORCH_WARN("Training ", dtype, " parameters without fp32 master weights: ", dtype,
-             " keeps ", bits, " significant bits, so an update smaller than half a unit in the "
+  TORCH_WARN("Training ", dtype, " parameters without fp32 master weights: ", dtype, " keeps ",
+             bits,
+             " significant bits, so an update smaller than half a unit in the "
              "last place of a weight rounds away and small learning rates can leave weights "
              "unchanged. Keep fp32 master weights (mantissa::amp::MasterWeights) unless memory "
              "forbids it.");

@@ -32,7 +32,9 @@ std::int32_t code_for(bool allow) {
 }
 constexpr auto kMatmul = Float32Op::MATMUL;
 constexpr auto kConv = Float32Op::CONV;
-bool is_tf32(std::int32_t code) { return code == static_cast<std::int32_t>(Float32Precision::TF32); }
+bool is_tf32(std::int32_t code) {
+  return code == static_cast<std::int32_t>(Float32Precision::TF32);
+}
 
 #elif MANTISSA_TORCH_AT_LEAST(2, 9)
 // Precision codes: 0 none, 1 ieee, 2 tf32 (the strings LibTorch 2.9/2.10 take).

@@ -6,8 +6,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/native/TensorIterator.h>
-#include <ATen/native/cuda/Loops.cuh>
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/native/cuda/Loops.cuh>
 
 #include "amp/cuda_kernels.h"
 
@@ -22,20 +22,20 @@ void non_finite_check_and_unscale_(at::TensorList grads, at::Tensor& found_inf,
     TORCH_CHECK(grad.is_cuda(), "scaled_grad must be a CUDA tensor.");
     auto grad_mut = grad;
     auto iter = at::TensorIterator::unary_op(grad_mut, grad_mut);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.dtype(),
-                                    "mantissa_non_finite_check_and_unscale_cuda", [&] {
-      float* found_inf_ptr = found_inf.data_ptr<float>();
-      const float* inv_scale_ptr = inv_scale.const_data_ptr<float>();
-      using opmath_t = at::opmath_type<scalar_t>;
-      at::native::gpu_kernel(iter, [=] GPU_LAMBDA(scalar_t val) -> scalar_t {
-        const auto fval = static_cast<opmath_t>(val);
-        if (!isfinite(fval)) {
-          *found_inf_ptr = 1.f;
-        }
-        const auto inv = static_cast<opmath_t>(*inv_scale_ptr);
-        return static_cast<scalar_t>(inv == opmath_t(1) ? fval : fval * inv);
-      });
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, iter.dtype(), "mantissa_non_finite_check_and_unscale_cuda", [&] {
+          float* found_inf_ptr = found_inf.data_ptr<float>();
+          const float* inv_scale_ptr = inv_scale.const_data_ptr<float>();
+          using opmath_t = at::opmath_type<scalar_t>;
+          at::native::gpu_kernel(iter, [=] GPU_LAMBDA(scalar_t val) -> scalar_t {
+            const auto fval = static_cast<opmath_t>(val);
+            if (!isfinite(fval)) {
+              *found_inf_ptr = 1.f;
+            }
+            const auto inv = static_cast<opmath_t>(*inv_scale_ptr);
+            return static_cast<scalar_t>(inv == opmath_t(1) ? fval : fval * inv);
+          });
+        });
   }
 }
 

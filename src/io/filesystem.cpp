@@ -1,6 +1,6 @@
+#include "io/filesystem.h"
 #include <c10/util/Exception.h>
 #include <dirent.h>
-#include "io/filesystem.h"
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -12,9 +12,9 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
 #include <mantissa/optim/fused_adamw.h>
+#include "io/filesystem.h"
 
 #include "io/atomic_file.h"
 #include "io/torch_save.h"
@@ -53,7 +53,8 @@ void loading(const std::string& path, Fn&& load) {
     io::check_regular_file(path);
     load();
   } catch (const c10::ValueError& e) {
-    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
+    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path,
+                      "': ", e.what_without_backtrace());
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -63,12 +64,14 @@ void loading(const std::string& path, Fn&& load) {
 
 // Each optimizer state tensor must have its parameter's shape and a floating dtype; a loaded
 // optimizer.pt from another model would otherwise fail at the first step, far from the file.
-void check_state_tensor(const at::Tensor& param, const at::Tensor& value, std::size_t index, const char* name) {
+void check_state_tensor(const at::Tensor& param, const at::Tensor& value, std::size_t index,
+                        const char* name) {
   if (!value.defined()) return;
-  TORCH_CHECK_VALUE(value.sizes() == param.sizes(), "the state '", name, "' of parameter ", index, " has shape ",
-                    value.sizes(), " but the parameter has shape ", param.sizes());
-  TORCH_CHECK_VALUE(c10::isFloatingType(value.scalar_type()), "the state '", name, "' of parameter ", index,
-                    " is ", value.scalar_type(), ", not a floating-point tensor");
+  TORCH_CHECK_VALUE(value.sizes() == param.sizes(), "the state '", name, "' of parameter ", index,
+                    " has shape ", value.sizes(), " but the parameter has shape ", param.sizes());
+  TORCH_CHECK_VALUE(c10::isFloatingType(value.scalar_type()), "the state '", name,
+                    "' of parameter ", index, " is ", value.scalar_type(),
+                    ", not a floating-point tensor");
 }
 
 void check_optimizer_state(torch::optim::Optimizer& optimizer) {
@@ -104,7 +107,9 @@ c10::IValue rng_states() {
   states.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c10::impl::GenericList cuda(c10::AnyType::get());
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(torch::cuda::device_count()); ++i) {
-    cuda.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))).get_state());
+    cuda.push_back(at::globalContext()
+                       .defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)))
+                       .get_state());
   }
   states.insert("cuda", cuda);
   return states;
@@ -125,7 +130,8 @@ void restore_rng_states(const c10::IValue& value) {
     const auto cuda = states.at("cuda").toList();
     const auto devices = static_cast<std::size_t>(torch::cuda::device_count());
     for (std::size_t i = 0; i < std::min<std::size_t>(cuda.size(), devices); ++i) {
-      set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
+      set_generator_state(at::globalContext().defaultGenerator(
+                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
                           cuda.get(i).toTensor());
     }
   }
@@ -133,8 +139,8 @@ void restore_rng_states(const c10::IValue& value) {
 
 // Prefixes of the folders a save or a rotation makes beside the checkpoints. Each lives only
 // while one save runs; any found at the start of a save was left by a process that died.
-constexpr const char* kWritingPrefix = "tmp-checkpoint-";    // a new checkpoint being written
-constexpr const char* kReplacedPrefix = "old-checkpoint-";   // a checkpoint being re-saved
+constexpr const char* kWritingPrefix = "tmp-checkpoint-";        // a new checkpoint being written
+constexpr const char* kReplacedPrefix = "old-checkpoint-";       // a checkpoint being re-saved
 constexpr const char* kDeletingPrefix = "deleting-checkpoint-";  // one being rotated out
 
 bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
@@ -146,7 +152,8 @@ std::string aside_prefix(const char* prefix, const std::string& checkpoint_folde
 
 // Renames `path` to a new unique name `<prefix><name>-XXXXXX` beside it (rename(2) replaces the
 // empty folder mkdtemp made) and returns the new path. Atomic: `path` is whole or gone.
-std::string move_aside(const std::string& output_dir, const std::string& path, const std::string& prefix) {
+std::string move_aside(const std::string& output_dir, const std::string& path,
+                       const std::string& prefix) {
   const std::string aside = io::make_temp_directory(output_dir, prefix);
   io::rename_path(path, aside);
   return aside;
@@ -156,7 +163,8 @@ std::string move_aside(const std::string& output_dir, const std::string& path, c
 std::optional<std::int64_t> step_of(const std::string& name) {
   if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
   const auto digits = name.substr(std::char_traits<char>::length(kPrefix));
-  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
     return std::nullopt;
   }
   return std::stoll(digits);
@@ -165,8 +173,8 @@ std::optional<std::int64_t> step_of(const std::string& name) {
 // The step of "<prefix>checkpoint-<step>-XXXXXX", a folder `move_aside` made: the checkpoint
 // name inside it, read by `step_of`.
 std::optional<std::int64_t> step_of_aside(const std::string& name, const char* prefix) {
-  const auto inner = name.substr(std::char_traits<char>::length(prefix) -
-                                 std::char_traits<char>::length(kPrefix));
+  const auto inner =
+      name.substr(std::char_traits<char>::length(prefix) - std::char_traits<char>::length(kPrefix));
   const auto dash = inner.rfind('-');
   if (dash == std::string::npos) return std::nullopt;
   return step_of(inner.substr(0, dash));
@@ -184,7 +192,8 @@ void clean_interrupted_saves(const std::string& output_dir) {
       // Killed between moving the old copy aside and renaming the new one in: the old copy is
       // the only complete one, so it goes back in place.
       const auto step = step_of_aside(name, kReplacedPrefix);
-      const auto original = step ? io::join_path(output_dir, checkpoint_name(*step)) : std::string();
+      const auto original =
+          step ? io::join_path(output_dir, checkpoint_name(*step)) : std::string();
       if (step && !io::path_exists(original)) {
         io::rename_path(path, original);
       } else {
@@ -223,14 +232,16 @@ std::string save_checkpoint(const std::string& output_dir, const CheckpointParts
     {
       const auto bytes = io::torch_save_bytes(rng_states());
       before_write(file("rng_state.pth"));
-      io::write_file_atomically(file("rng_state.pth"), std::string_view(bytes.data(), bytes.size()));
+      io::write_file_atomically(file("rng_state.pth"),
+                                std::string_view(bytes.data(), bytes.size()));
     }
     TrainerState state = *parts.state;
     write_text(file("trainer_state.json"), state.to_json());
     write_text(file("training_args.json"), parts.args->to_json());
     // Replace an older folder of the same step (a re-save) only once the new one is complete.
     if (io::path_exists(final_dir)) {
-      const std::string old = move_aside(output_dir, final_dir, aside_prefix(kReplacedPrefix, name));
+      const std::string old =
+          move_aside(output_dir, final_dir, aside_prefix(kReplacedPrefix, name));
       io::rename_path(tmp, final_dir);
       io::remove_all(old);
     } else {
@@ -248,8 +259,9 @@ std::string save_checkpoint(const std::string& output_dir, const CheckpointParts
 
 void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   TORCH_CHECK_VALUE(io::path_exists(dir), "checkpoint folder '", dir, "' does not exist");
-  TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint '", dir,
-                    "' is not a folder; resume_from_checkpoint takes a checkpoint-<step> folder or 'latest'");
+  TORCH_CHECK_VALUE(
+      io::is_directory(dir), "the checkpoint '", dir,
+      "' is not a folder; resume_from_checkpoint takes a checkpoint-<step> folder or 'latest'");
   const auto file = [&](const char* name) { return io::join_path(dir, name); };
   loading(file("trainer_state.json"), [&] {
     const auto bytes = io::read_file(file("trainer_state.json"));
@@ -257,7 +269,8 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
     if (parts.check_state) parts.check_state(state);
     *parts.state = std::move(state);
   });
-  loading(file("model.safetensors"), [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
+  loading(file("model.safetensors"),
+          [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
   if (parts.masters != nullptr) {
     loading(file("master_weights.pt"), [&] {
       torch::serialize::InputArchive archive;
@@ -275,7 +288,8 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("scaler.pt"), [&] {
     if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
   });
-  loading(file("rng_state.pth"), [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
+  loading(file("rng_state.pth"),
+          [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
 }
 
 std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {
@@ -303,7 +317,8 @@ std::vector<std::string> sorted_checkpoints(const std::string& output_dir) {
 std::string resolve_checkpoint(const std::string& requested, const std::string& output_dir) {
   if (requested != "latest") return requested;
   const auto all = sorted_checkpoints(output_dir);
-  TORCH_CHECK_VALUE(!all.empty(), "resume_from_checkpoint=latest but there is no checkpoint-<step> folder in '",
+  TORCH_CHECK_VALUE(!all.empty(),
+                    "resume_from_checkpoint=latest but there is no checkpoint-<step> folder in '",
                     output_dir, "'");
   return all.back();
 }

@@ -14,7 +14,8 @@ std::optional<std::string> cuda_graph_blocker(const TrainingArguments& args,
     return fmt::format(
         "the optimizer ({}) is not mantissa's FusedAdamW, whose step reads the learning rate "
         "and the loss scale on the device; use --optim adamw_torch_fused",
-        from_factory ? std::string("from set_optimizer_factory") : std::string(args.optim().name()));
+        from_factory ? std::string("from set_optimizer_factory")
+                     : std::string(args.optim().name()));
   }
   if (args.gradient_accumulation_steps() > 1) {
     return fmt::format(
@@ -42,9 +43,15 @@ GraphEngine::GraphEngine(EagerEngine& eager, StepParts parts)
     : eager_(eager), parts_(std::move(parts)), fused_(*parts_.fused) {
   // The whole run goes on the graph's own stream (see StepGraph), until this engine ends.
   graph_ = std::make_unique<StepGraph>(parts_.device);
-  fused_.set_capturable(true);
-  eager_.disable_autocast_cache();
-  parts_.loss_window.count_updates_on_device();
+  // A constructor that throws runs no destructor: undo what was set here before rethrowing.
+  try {
+    fused_.set_capturable(true);
+    eager_.disable_autocast_cache();
+    parts_.loss_window.count_updates_on_device();
+  } catch (...) {
+    fused_.set_capturable(false);
+    throw;
+  }
   parts_.progress.print(fmt::format("cuda_graph: the step is captured after {} eager warm-up steps",
                                     parts_.args.cuda_graph_warmup_steps()));
 }

@@ -1,6 +1,7 @@
 #pragma once
-// When the loop logs, evaluates and saves: the decision of HF's DefaultFlowCallback at step N. Pure functions of the arguments and
-// the state, tested without training (tests/interval_policy_test.cpp).
+// When the loop logs, evaluates and saves: the decision of HF's DefaultFlowCallback at step N. Pure
+// functions of the arguments and the state, tested without training
+// (tests/interval_policy_test.cpp).
 
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>

@@ -10,14 +10,20 @@ namespace mantissa {
 std::string PrecisionPlan::describe() const {
   auto name = [](c10::ScalarType t) -> std::string {
     switch (t) {
-      case c10::kBFloat16: return "bf16";
-      case c10::kHalf: return "fp16";
-      case c10::kFloat: return "fp32";
-      case c10::kDouble: return "fp64";
-      default: return c10::toString(t);
+      case c10::kBFloat16:
+        return "bf16";
+      case c10::kHalf:
+        return "fp16";
+      case c10::kFloat:
+        return "fp32";
+      case c10::kDouble:
+        return "fp64";
+      default:
+        return c10::toString(t);
     }
   };
-  std::string compute = autocast ? name(compute_dtype) + " autocast" : name(compute_dtype) + " compute";
+  std::string compute =
+      autocast ? name(compute_dtype) + " autocast" : name(compute_dtype) + " compute";
   std::string weights_text;
   switch (weights) {
     case WeightsMode::kModelWeights:
@@ -30,9 +36,10 @@ std::string PrecisionPlan::describe() const {
       weights_text = "pure " + name(param_dtype) + " weights (no master copy)";
       break;
   }
-  std::string scaling = !loss_scaling       ? std::string("no loss scaling")
-                        : static_loss_scale ? fmt::format("static loss scale {:g}", *static_loss_scale)
-                                            : std::string("dynamic loss scaling");
+  std::string scaling = !loss_scaling ? std::string("no loss scaling")
+                        : static_loss_scale
+                            ? fmt::format("static loss scale {:g}", *static_loss_scale)
+                            : std::string("dynamic loss scaling");
   std::string tf32_text = tf32.has_value() ? (*tf32 ? ", tf32 on" : ", tf32 off") : "";
   return fmt::format("{}, {}, {}{}", compute, weights_text, scaling, tf32_text);
 }
@@ -49,18 +56,21 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
   if (low_params) {
     // The model's dtype decides the compute dtype; a contradicting flag is an error.
     TORCH_CHECK_VALUE(!(args.fp16() && param_dtype == c10::kBFloat16),
-                      "the model's parameters are bf16 but --fp16 was given; use --bf16 (or load the model in fp32)");
+                      "the model's parameters are bf16 but --fp16 was given; use --bf16 (or load "
+                      "the model in fp32)");
     TORCH_CHECK_VALUE(!(args.bf16() && param_dtype == c10::kHalf),
-                      "the model's parameters are fp16 but --bf16 was given; use --fp16 (or load the model in fp32)");
+                      "the model's parameters are fp16 but --bf16 was given; use --fp16 (or load "
+                      "the model in fp32)");
     plan.compute_dtype = param_dtype;
     plan.autocast = true;  // casts fp32 inputs to the model's dtype at matmuls and convs
     plan.weights = masters == MasterWeightsMode::kOff ? WeightsMode::kPureLowPrecision
                                                       : WeightsMode::kFp32Masters;
     plan.loss_scaling = param_dtype == c10::kHalf;
     if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
-    TORCH_CHECK_VALUE(!(plan.weights == WeightsMode::kPureLowPrecision && plan.loss_scaling),
-                      "master_weights=off with an fp16 model: fp16 gradients cannot be unscaled in place "
-                      "(\"Attempting to unscale FP16 gradients.\"). Use master_weights=auto, or a bf16 model.");
+    TORCH_CHECK_VALUE(
+        !(plan.weights == WeightsMode::kPureLowPrecision && plan.loss_scaling),
+        "master_weights=off with an fp16 model: fp16 gradients cannot be unscaled in place "
+        "(\"Attempting to unscale FP16 gradients.\"). Use master_weights=auto, or a bf16 model.");
     return plan;
   }
 

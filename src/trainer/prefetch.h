@@ -20,7 +20,8 @@ class BatchPrefetcher {
  public:
   using IndicesOf = std::function<std::vector<std::size_t>(std::int64_t batch)>;
 
-  BatchPrefetcher(const BatchSource& source, IndicesOf indices_of, std::int64_t end, std::int64_t workers)
+  BatchPrefetcher(const BatchSource& source, IndicesOf indices_of, std::int64_t end,
+                  std::int64_t workers)
       : source_(source), indices_of_(std::move(indices_of)), end_(end), workers_(workers) {}
 
   /// Batch `b`, with the next ones queued. An exception from `get_batch` surfaces here.
@@ -31,7 +32,8 @@ class BatchPrefetcher {
     const std::int64_t last = workers_ < end_ - b ? b + workers_ : end_ - 1;
     for (std::int64_t k = b; k <= last; ++k) {
       if (pending_.count(k) == 0) {
-        pending_.emplace(k, std::async(std::launch::async, [this, k] { return source_.get_batch(indices_of_(k)); }));
+        pending_.emplace(k, std::async(std::launch::async,
+                                       [this, k] { return source_.get_batch(indices_of_(k)); }));
       }
     }
     auto it = pending_.find(b);

@@ -28,12 +28,16 @@ std::string format_log(const LogEntry& logs) {
 
 bool Progress::wanted(bool disable_tqdm) {
   const char* ci = std::getenv("CI");
-  const bool under_ci = ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
+  const bool under_ci =
+      ci != nullptr && *ci != '\0' && std::string(ci) != "false" && std::string(ci) != "0";
   return !disable_tqdm && !under_ci && ::isatty(STDOUT_FILENO) == 1;
 }
 
 Progress::Progress(std::int64_t total_steps, bool enabled)
-    : total_(total_steps), enabled_(enabled), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+    : total_(total_steps),
+      enabled_(enabled),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
 
 void Progress::update(std::int64_t step) {
   if (first_step_ < 0) {
@@ -49,11 +53,13 @@ void Progress::update(std::int64_t step) {
 }
 
 void Progress::draw(std::int64_t step) {
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double done = static_cast<double>(step - std::max<std::int64_t>(first_step_, 0));
   const double rate = elapsed > 0 ? done / elapsed : 0.0;
   const double eta = rate > 0 ? static_cast<double>(total_ - step) / rate : 0.0;
-  const double fraction = total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 1.0;
+  const double fraction =
+      total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 1.0;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(fraction * kWidth);
   auto clock = [](double seconds) {
@@ -61,10 +67,11 @@ void Progress::draw(std::int64_t step) {
     const auto s = seconds < 0x1p62 ? static_cast<long long>(seconds) : (1LL << 62);
     return fmt::format("{:02}:{:02}", s / 60, s % 60);
   };
-  std::fprintf(stdout, "\r%3d%%|%s%s| %lld/%lld [%s<%s, %.2fit/s]", static_cast<int>(fraction * 100),
-               std::string(static_cast<size_t>(filled), '#').c_str(),
-               std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), static_cast<long long>(step),
-               static_cast<long long>(total_), clock(elapsed).c_str(), clock(eta).c_str(), rate);
+  std::fprintf(
+      stdout, "\r%3d%%|%s%s| %lld/%lld [%s<%s, %.2fit/s]", static_cast<int>(fraction * 100),
+      std::string(static_cast<size_t>(filled), '#').c_str(),
+      std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), static_cast<long long>(step),
+      static_cast<long long>(total_), clock(elapsed).c_str(), clock(eta).c_str(), rate);
   std::fflush(stdout);
   drawn_ = true;
 }

@@ -10,7 +10,8 @@
 
 namespace mantissa::detail {
 
-/// Formats a log entry the way HF's Trainer prints it: {'loss': 0.6931, 'learning_rate': 5e-05, ...}.
+/// Formats a log entry the way HF's Trainer prints it: {'loss': 0.6931, 'learning_rate': 5e-05,
+/// ...}.
 std::string format_log(const LogEntry& logs);
 
 class Progress {

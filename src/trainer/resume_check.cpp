@@ -89,7 +89,8 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
     const std::string change = fmt::format("{} is {} now but was {} when the checkpoint was saved",
                                            key, value.dump(), it->dump());
     const bool optimizer_family_changes =
-        key == "optim" && (value.get<std::string>() == "sgd") != (it->get<std::string>() == "sgd");
+        key == "optim" &&
+        (now.optim() == OptimizerNames::kSgd) != (saved.optim() == OptimizerNames::kSgd);
     if (among(kPositionFields, key)) {
       changes.errors.push_back(change + " (the saved step would point at other batches)");
     } else if (optimizer_family_changes) {

@@ -15,9 +15,9 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
+#include <mantissa/batch.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
-#include <mantissa/batch.h>
 #include <mantissa/precision_plan.h>
 
 #include "trainer/callback_handler.h"

@@ -72,7 +72,8 @@ void ignoring_errors(F&& f) {
 void abandon_capture(c10::DeviceIndex device, const c10::cuda::CUDAStream& stream,
                      c10::MempoolId_t pool) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+  if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
     cudaGraph_t partial = nullptr;
     if (cudaStreamEndCapture(stream.stream(), &partial) == cudaSuccess && partial != nullptr) {
       cudaGraphDestroy(partial);
@@ -130,7 +131,8 @@ void StepGraph::capture(const Batch& batch, const std::function<void(const Batch
     graph.capture_end();
     ended = true;
   } catch (const std::exception& e) {
-    if (failure.empty()) failure = e.what();  // CUDA refused something inside: the capture was invalidated
+    if (failure.empty())
+      failure = e.what();  // CUDA refused something inside: the capture was invalidated
   }
   if (!failure.empty()) {
     // An ended graph gives its pool back when it is destroyed; one that failed to end has not.
@@ -146,8 +148,8 @@ void StepGraph::capture(const Batch& batch, const std::function<void(const Batch
 
 void StepGraph::replay(const Batch& batch) {
   TORCH_CHECK(state_->captured, "StepGraph: replay before capture");
-  TORCH_CHECK(fits(batch), "StepGraph: the batch (data ", describe(batch.data), ") does not fit the captured one (",
-              describe_captured(), ")");
+  TORCH_CHECK(fits(batch), "StepGraph: the batch (data ", describe(batch.data),
+              ") does not fit the captured one (", describe_captured(), ")");
   state_->inputs.data.copy_(batch.data, /*non_blocking=*/true);
   state_->inputs.target.copy_(batch.target, /*non_blocking=*/true);
   state_->graph->replay();
@@ -162,7 +164,8 @@ bool StepGraph::fits(const Batch& batch) const {
 
 std::string StepGraph::describe_captured() const {
   if (!state_->captured) return "nothing captured";
-  return fmt::format("data {}, target {}", describe(state_->inputs.data), describe(state_->inputs.target));
+  return fmt::format("data {}, target {}", describe(state_->inputs.data),
+                     describe(state_->inputs.target));
 }
 
 #else  // !MANTISSA_WITH_CUDA
@@ -171,7 +174,8 @@ std::optional<std::string> cuda_graph_unavailable(const c10::Device& device) {
   if (!device.is_cuda()) {
     return fmt::format("the device is {}; CUDA graphs need a CUDA device", device.str());
   }
-  return std::string("mantissa was built without CUDA (MANTISSA_CUDA=OFF, or nvcc and LibTorch disagree)");
+  return std::string(
+      "mantissa was built without CUDA (MANTISSA_CUDA=OFF, or nvcc and LibTorch disagree)");
 }
 
 struct StepGraph::State {};

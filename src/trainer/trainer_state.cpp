@@ -35,14 +35,16 @@ double to_double(const json& value, const std::string& key) {
     if (text == "Infinity") return INFINITY;
     if (text == "-Infinity") return -INFINITY;
   }
-  TORCH_CHECK(false, "trainer_state.json: log_history value of '", key, "' is not a number: ", io::describe_json(value));
+  TORCH_CHECK(false, "trainer_state.json: log_history value of '", key,
+              "' is not a number: ", io::describe_json(value));
 }
 
 // An integer field of `object`, or `fallback` when it is absent (an absent field without a
 // fallback is an error). A float, a string or a value beyond int64 is an error naming the key.
 std::int64_t integer(const json& object, const char* key, std::optional<std::int64_t> fallback,
                      const char* prefix = "") {
-  TORCH_CHECK_VALUE(object.is_object(), "trainer_state.json: '", std::string(prefix).substr(0, std::strlen(prefix) - 1),
+  TORCH_CHECK_VALUE(object.is_object(), "trainer_state.json: '",
+                    std::string(prefix).substr(0, std::strlen(prefix) - 1),
                     "' must be a JSON object");
   const auto it = object.find(key);
   if (it == object.end()) {
@@ -51,9 +53,12 @@ std::int64_t integer(const json& object, const char* key, std::optional<std::int
   }
   const bool fits = it->is_number_integer() &&
                     (!it->is_number_unsigned() ||
-                     it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
-  TORCH_CHECK_VALUE(fits, "trainer_state.json: '", prefix, key, "' must be an integer that fits in 64 bits, not ",
-                    it->is_number() ? "the number " + std::to_string(it->get<double>()) : std::string(it->type_name()));
+                     it->get<std::uint64_t>() <=
+                         static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+  TORCH_CHECK_VALUE(fits, "trainer_state.json: '", prefix, key,
+                    "' must be an integer that fits in 64 bits, not ",
+                    it->is_number() ? "the number " + std::to_string(it->get<double>())
+                                    : std::string(it->type_name()));
   return it->get<std::int64_t>();
 }
 
@@ -72,15 +77,19 @@ void check_ranges(const TrainerState& state) {
   non_negative("num_input_tokens_seen", state.num_input_tokens_seen);
   non_negative("mantissa.steps_in_epoch", state.steps_in_epoch);
   non_negative("mantissa.skipped_steps", state.skipped_steps);
-  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"logging_steps", state.logging_steps},
-                                   {"eval_steps", state.eval_steps},
-                                   {"save_steps", state.save_steps}}) {
-    TORCH_CHECK_VALUE(value >= 0, "trainer_state.json: '", key, "' is ", value, ", but an interval cannot be negative");
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::int64_t>{"logging_steps", state.logging_steps},
+        {"eval_steps", state.eval_steps},
+        {"save_steps", state.save_steps}}) {
+    TORCH_CHECK_VALUE(value >= 0, "trainer_state.json: '", key, "' is ", value,
+                      ", but an interval cannot be negative");
   }
-  TORCH_CHECK_VALUE(std::isfinite(state.epoch) && state.epoch >= 0, "trainer_state.json: 'epoch' is ", state.epoch,
+  TORCH_CHECK_VALUE(std::isfinite(state.epoch) && state.epoch >= 0,
+                    "trainer_state.json: 'epoch' is ", state.epoch,
                     ", but it must be a finite number >= 0");
-  TORCH_CHECK_VALUE(state.skipped_steps <= state.global_step, "trainer_state.json: 'mantissa.skipped_steps' is ",
-                    state.skipped_steps, ", more than the ", state.global_step, " steps taken ('global_step')");
+  TORCH_CHECK_VALUE(state.skipped_steps <= state.global_step,
+                    "trainer_state.json: 'mantissa.skipped_steps' is ", state.skipped_steps,
+                    ", more than the ", state.global_step, " steps taken ('global_step')");
   TORCH_CHECK_VALUE(!state.best_metric || !std::isnan(*state.best_metric),
                     "trainer_state.json: 'best_metric' is NaN, which cannot rank checkpoints");
 }
@@ -96,7 +105,8 @@ std::string TrainerState::to_json() const {
   }
   json doc = {
       {"best_metric", best_metric ? json(*best_metric) : json(nullptr)},
-      {"best_model_checkpoint", best_model_checkpoint ? json(*best_model_checkpoint) : json(nullptr)},
+      {"best_model_checkpoint",
+       best_model_checkpoint ? json(*best_model_checkpoint) : json(nullptr)},
       {"epoch", epoch},
       {"eval_steps", eval_steps},
       {"global_step", global_step},
@@ -160,23 +170,27 @@ TrainerState TrainerState::from_json(const std::string& text) {
   return state;
 }
 
-EarlyStoppingCallback::EarlyStoppingCallback(std::int64_t patience, double threshold, std::string metric,
-                                             bool greater_is_better)
-    : patience_(patience), threshold_(threshold), metric_(std::move(metric)), greater_is_better_(greater_is_better) {
+EarlyStoppingCallback::EarlyStoppingCallback(std::int64_t patience, double threshold,
+                                             std::string metric, bool greater_is_better)
+    : patience_(patience),
+      threshold_(threshold),
+      metric_(std::move(metric)),
+      greater_is_better_(greater_is_better) {
   TORCH_CHECK_VALUE(patience >= 1, "early_stopping_patience must be >= 1, got ", patience);
   TORCH_CHECK_VALUE(threshold >= 0, "early_stopping_threshold must be >= 0, got ", threshold);
 }
 
-void EarlyStoppingCallback::on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl& control,
-                                        const LogEntry& metrics) {
+void EarlyStoppingCallback::on_evaluate(const TrainingArguments&, TrainerState&,
+                                        TrainerControl& control, const LogEntry& metrics) {
   const auto it = metrics.find(metric_);
-  TORCH_CHECK_VALUE(it != metrics.end(), "EarlyStoppingCallback: the evaluation did not report '", metric_,
-                    "' (metric_for_best_model)");
+  TORCH_CHECK_VALUE(it != metrics.end(), "EarlyStoppingCallback: the evaluation did not report '",
+                    metric_, "' (metric_for_best_model)");
   const double value = it->second;
   // HF's check_metric_value: improvement must beat the best by more than the threshold.
-  const bool improved = !best_.has_value() ||
-                        (greater_is_better_ ? value > *best_ && std::fabs(value - *best_) > threshold_
-                                            : value < *best_ && std::fabs(value - *best_) > threshold_);
+  const bool improved =
+      !best_.has_value() ||
+      (greater_is_better_ ? value > *best_ && std::fabs(value - *best_) > threshold_
+                          : value < *best_ && std::fabs(value - *best_) > threshold_);
   if (improved) {
     best_ = value;
     patience_counter_ = 0;

@@ -11,8 +11,8 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include <mantissa/training_arguments.h>
 
@@ -69,8 +69,7 @@ void from_cli(const std::string& flag, const std::string& text, int64_t& out) {
 
 void from_cli(const std::string& flag, const std::string& text, double& out) {
   const std::string_view s = strip_plus(text);
-  const auto res =
-      std::from_chars(s.data(), s.data() + s.size(), out, std::chars_format::general);
+  const auto res = std::from_chars(s.data(), s.data() + s.size(), out, std::chars_format::general);
   if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size()) {
     bad_value(flag, text,
               res.ec == std::errc::result_out_of_range ? "out of range for a double"
@@ -246,8 +245,8 @@ std::string base_name(const char* argv0) {
 }
 
 // Parses without validating; the callers validate.
-std::pair<TrainingArguments, std::vector<std::string>> parse_unvalidated(
-    int argc, const char* const* argv) {
+std::pair<TrainingArguments, std::vector<std::string>> parse_unvalidated(int argc,
+                                                                         const char* const* argv) {
   TORCH_CHECK_VALUE(argc >= 0 && (argc == 0 || argv != nullptr), "parse: bad argc/argv");
   if (argc == 2 && ends_with(argv[1], ".json")) {
     return {TrainingArguments::load_json(argv[1]), {}};  // its messages name the file
@@ -316,8 +315,8 @@ std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_
   return result;
 }
 
-std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_known(
-    int argc, char** argv) {
+std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_known(int argc,
+                                                                                      char** argv) {
   return parse_known(argc, const_cast<const char* const*>(argv));
 }
 

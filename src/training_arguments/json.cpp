@@ -52,8 +52,8 @@ void from_json_value(const char* key, const Json& j, int64_t& out) {
                     io::describe_json(j));
   if (j.is_number_unsigned()) {
     TORCH_CHECK_VALUE(
-        j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), key,
-        ": ", io::describe_json(j), " is out of range for a 64-bit integer");
+        j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), key, ": ",
+        io::describe_json(j), " is out of range for a 64-bit integer");
   }
   out = j.get<int64_t>();
 }

@@ -57,8 +57,9 @@ void check_counts_fit(const TrainingArguments& args) {
     return;
   }
   const double epochs = args.num_train_epochs();
-  TORCH_CHECK_VALUE(detail::fits_int64(std::ceil(epochs)), "--num_train_epochs ", detail::repr(epochs),
-                    " is more epochs than a 64-bit count holds (at most ", detail::kMaxCount, ")");
+  TORCH_CHECK_VALUE(detail::fits_int64(std::ceil(epochs)), "--num_train_epochs ",
+                    detail::repr(epochs), " is more epochs than a 64-bit count holds (at most ",
+                    detail::kMaxCount, ")");
   // Every epoch takes at least one optimizer step, whatever the dataset.
   const auto min_steps = static_cast<int64_t>(std::ceil(epochs));
   TORCH_CHECK_VALUE(
@@ -90,8 +91,9 @@ void TrainingArguments::validate() const {
 #undef MANTISSA_TA_CHECK_CHOICE_
 
   // Precision combinations (HF's texts).
-  TORCH_CHECK_VALUE(!(fp16_ && bf16_),
-                    "At most one of fp16 and bf16 can be True, but not both (fp16=True, bf16=True)");
+  TORCH_CHECK_VALUE(
+      !(fp16_ && bf16_),
+      "At most one of fp16 and bf16 can be True, but not both (fp16=True, bf16=True)");
   TORCH_CHECK_VALUE(!(fp16_full_eval_ && bf16_full_eval_),
                     "At most one of fp16 and bf16 can be True for full eval, but not both "
                     "(fp16_full_eval=True, bf16_full_eval=True)");
@@ -152,7 +154,8 @@ void TrainingArguments::validate() const {
     TORCH_CHECK_VALUE(resolved_eval_steps() > 0,
                       "evaluation strategy steps requires either non-zero --eval_steps or "
                       "--logging_steps, got eval_steps=",
-                      detail::repr(eval_steps_), " and logging_steps=", detail::repr(logging_steps_));
+                      detail::repr(eval_steps_),
+                      " and logging_steps=", detail::repr(logging_steps_));
     check_interval("eval_steps", resolved_eval_steps());
   }
   if (save_strategy_ == SaveStrategy::kSteps) {
@@ -167,9 +170,10 @@ void TrainingArguments::validate() const {
   check_step_count("logging_steps", logging_steps_);
   check_step_count("save_steps", save_steps_);
   if (eval_steps_) check_step_count("eval_steps", *eval_steps_);
-  TORCH_CHECK_VALUE(save_strategy_ != SaveStrategy::kBest || eval_strategy_ != IntervalStrategy::kNo,
-                    "save_strategy best saves when the evaluation loss improves, so it requires "
-                    "an eval_strategy of steps or epoch, got eval_strategy='no'");
+  TORCH_CHECK_VALUE(
+      save_strategy_ != SaveStrategy::kBest || eval_strategy_ != IntervalStrategy::kNo,
+      "save_strategy best saves when the evaluation loss improves, so it requires "
+      "an eval_strategy of steps or epoch, got eval_strategy='no'");
   TORCH_CHECK_VALUE(!save_total_limit_ || *save_total_limit_ >= 1,
                     "save_total_limit must be at least 1 (or None to keep every checkpoint), got ",
                     detail::repr(save_total_limit_));
@@ -193,7 +197,8 @@ void TrainingArguments::validate() const {
   // The scale lives in a float32 tensor (as torch.amp.GradScaler's does): a larger value would
   // be inf there, and every step would overflow.
   const auto check_float32 = [](const char* field, double scale) {
-    TORCH_CHECK_VALUE(scale <= std::numeric_limits<float>::max(), "--", field, " ", detail::repr(scale),
+    TORCH_CHECK_VALUE(scale <= std::numeric_limits<float>::max(), "--", field, " ",
+                      detail::repr(scale),
                       " does not fit in the float32 that holds the loss scale (at most ",
                       detail::repr(static_cast<double>(std::numeric_limits<float>::max())), ")");
   };
@@ -203,7 +208,8 @@ void TrainingArguments::validate() const {
   if (max_loss_scale_) {
     TORCH_CHECK_VALUE(*max_loss_scale_ > 0 && *max_loss_scale_ >= min_loss_scale_,
                       "max_loss_scale must be positive and >= min_loss_scale, got max_loss_scale=",
-                      detail::repr(*max_loss_scale_), " and min_loss_scale=", detail::repr(min_loss_scale_));
+                      detail::repr(*max_loss_scale_),
+                      " and min_loss_scale=", detail::repr(min_loss_scale_));
   }
   TORCH_CHECK_VALUE(max_consecutive_nonfinite_ >= 0,
                     "max_consecutive_nonfinite must be non-negative (0 = never stop), got ",
@@ -214,7 +220,8 @@ void TrainingArguments::validate() const {
                     "dataloader_num_workers must be non-negative, got ", dataloader_num_workers_);
   TORCH_CHECK_VALUE(cuda_graph_warmup_steps_ >= 1,
                     "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an "
-                    "eager step), got ", cuda_graph_warmup_steps_);
+                    "eager step), got ",
+                    cuda_graph_warmup_steps_);
 
   // Hardware: only asked when a precision mode needs it, so plain fp32 runs never touch CUDA.
   if (bf16_ || fp16_ || bf16_full_eval_ || fp16_full_eval_ || tf32_.value_or(false)) {

@@ -50,18 +50,19 @@ class MyDataset : public torch::data::datasets::BatchDataset<MyDataset, torch::d
 };
 
 /// `torch::data::make_data_loader(MyDataset("train"), 64)`: `*loader` yields `Example<>` batches.
-using Loader = std::unique_ptr<torch::data::StatelessDataLoader<MyDataset, torch::data::samplers::RandomSampler>>;
+using Loader = std::unique_ptr<
+    torch::data::StatelessDataLoader<MyDataset, torch::data::samplers::RandomSampler>>;
 
 /// The names a fragment may use without declaring them. Never constructed: fragments are
 /// compiled and linked, not run.
 struct Context {
-  Net model;                          // on the CPU or the GPU, fp32 unless the fragment casts it
-  torch::optim::AdamW optimizer;      // over model->parameters()
-  Loader loader;                      // for (auto& batch : *loader): batch.data, batch.target
-  torch::Tensor x;                    // one batch of inputs, [64, 1, 28, 28]
-  torch::Tensor y;                    // its class targets, [64]
+  Net model;                      // on the CPU or the GPU, fp32 unless the fragment casts it
+  torch::optim::AdamW optimizer;  // over model->parameters()
+  Loader loader;                  // for (auto& batch : *loader): batch.data, batch.target
+  torch::Tensor x;                // one batch of inputs, [64, 1, 28, 28]
+  torch::Tensor y;                // its class targets, [64]
   std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& target)> loss_fn;
-  bool fp16;                          // whether the run trains in fp16 (else bf16)
+  bool fp16;  // whether the run trains in fp16 (else bf16)
   mantissa::TrainingArguments args;
   int argc;
   char** argv;
@@ -111,11 +112,12 @@ inline int run_driver(const Entry* entries, std::size_t count, int argc, char** 
         }
       }
       (e.program != nullptr ? programs : fragments) += 1;
-      if (command == "--list") std::cout << (e.program != nullptr ? "program  " : "fragment ") << e.name << "\n";
+      if (command == "--list")
+        std::cout << (e.program != nullptr ? "program  " : "fragment ") << e.name << "\n";
     }
     if (command == "--check" && ok) {
-      std::cout << "docs_snippets: " << count << " blocks compiled (" << programs << " programs, " << fragments
-                << " fragments)\n";
+      std::cout << "docs_snippets: " << count << " blocks compiled (" << programs << " programs, "
+                << fragments << " fragments)\n";
     }
     return ok ? 0 : 1;
   }

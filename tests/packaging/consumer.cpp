@@ -1,8 +1,8 @@
 // A user's program: one overflowing step through GradScaler must halve the scale and leave
 // the weights alone.
 #include <cmath>
-#include <limits>
 #include <iostream>
+#include <limits>
 
 #include <torch/torch.h>
 
@@ -14,8 +14,6 @@ int main() {
   mantissa::amp::GradScaler scaler;
   auto args = mantissa::TrainingArguments().bf16(true).learning_rate(3e-4);
   args.validate();
-
-
 
   const auto before = model->weight.clone();
   auto loss = model->forward(torch::ones({3, 4})).sum();

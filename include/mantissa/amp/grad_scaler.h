@@ -95,7 +95,8 @@ class GradScaler {
 
   /// Python: `scaler.step(optimizer, closure)`: an enabled scaler refuses closures with
   /// PyTorch's error; a disabled one passes the closure on.
-  void step(torch::optim::Optimizer& optimizer, const torch::optim::Optimizer::LossClosure& closure);
+  void step(torch::optim::Optimizer& optimizer,
+            const torch::optim::Optimizer::LossClosure& closure);
 
   /// Updates the scale from the inf/nan checks of this iteration: back off on overflow, grow
   /// after `growth_interval` clean steps. Python: `scaler.update()`. No sync (unless
@@ -170,11 +171,12 @@ class GradScaler {
   };
 
   void lazy_init_scale_growth_tracker(const c10::Device& device);
-  std::pair<const at::Tensor&, const at::Tensor&> check_scale_growth_tracker(const char* funcname) const;
+  std::pair<const at::Tensor&, const at::Tensor&> check_scale_growth_tracker(
+      const char* funcname) const;
   std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
-                                                               const at::Tensor& inv_scale,
-                                                               const at::Tensor& found_inf,
-                                                               bool allow_fp16) const;
+                                                                const at::Tensor& inv_scale,
+                                                                const at::Tensor& found_inf,
+                                                                bool allow_fp16) const;
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
   at::Tensor combined_found_inf() const;
   void update_with_extensions(const at::Tensor& found_inf);
@@ -182,11 +184,11 @@ class GradScaler {
   bool extensions_enabled() const noexcept;
 
   GradScalerOptions options_;
-  at::Tensor scale_;              // 0-d fp32, lazily on the device of the first scale() input
-  at::Tensor growth_tracker_;     // 0-d int32
-  at::Tensor hysteresis_tracker_; // 0-d int32, only with extensions
-  at::Tensor skipped_steps_;      // 0-d int64
-  at::Tensor last_found_inf_;     // 0-d fp32, the combined flag of the last update()
+  at::Tensor scale_;               // 0-d fp32, lazily on the device of the first scale() input
+  at::Tensor growth_tracker_;      // 0-d int32
+  at::Tensor hysteresis_tracker_;  // 0-d int32, only with extensions
+  at::Tensor skipped_steps_;       // 0-d int64
+  at::Tensor last_found_inf_;      // 0-d fp32, the combined flag of the last update()
   std::int64_t init_growth_tracker_ = 0;
   std::int64_t init_hysteresis_tracker_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;
