@@ -11,6 +11,7 @@
 #include <mantissa/amp/supports_amp_scaling.h>
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
+#include <mantissa/optim/low_precision_update.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/io/filesystem.h>
