@@ -41,7 +41,9 @@ std::uint16_t nearest(bool bf16, float x) { return bf16 ? d::bf16_nearest(x) : d
 std::uint16_t stochastic(bool bf16, float x, std::uint32_t r) {
   return bf16 ? d::bf16_stochastic(x, r) : d::half_stochastic(x, r);
 }
-double widen(bool bf16, std::uint16_t h) { return bf16 ? d::bf16_to_float(h) : d::half_to_float(h); }
+double widen(bool bf16, std::uint16_t h) {
+  return bf16 ? d::bf16_to_float(h) : d::half_to_float(h);
+}
 
 // The dtype's two neighbours of x (equal when x is representable), from the float64 value.
 std::pair<double, double> neighbours(bool bf16, float x) {
@@ -50,7 +52,8 @@ std::pair<double, double> neighbours(bool bf16, float x) {
   if (v == static_cast<double>(x)) return {v, v};
   // One step of the magnitude away from or towards zero, whichever is on the other side.
   const bool n_above_in_magnitude = std::fabs(v) > std::fabs(static_cast<double>(x));
-  const std::uint16_t other = n_above_in_magnitude ? static_cast<std::uint16_t>(n - 1) : static_cast<std::uint16_t>(n + 1);
+  const std::uint16_t other =
+      n_above_in_magnitude ? static_cast<std::uint16_t>(n - 1) : static_cast<std::uint16_t>(n + 1);
   const double o = (n & 0x7FFF) == 0 && n_above_in_magnitude ? 0.0 : widen(bf16, other);
   return {std::min(v, o), std::max(v, o)};
 }
@@ -59,17 +62,32 @@ std::pair<double, double> neighbours(bool bf16, float x) {
 // below fp16's smallest subnormal, fp32 subnormal, and near the largest finite values.
 std::vector<float> probe_values(int n, std::uint64_t seed) {
   at::philox_engine rng(seed);
-  std::vector<float> values{0.f, -0.f, 1.f, -1.f, 65504.f, 65519.f, 65520.f, 65535.f, 1e-8f, 6e-8f,
-                            5.9604645e-8f, 2.9802322e-8f, 2.98e-8f, 6.1035156e-5f, 6.1e-5f,
+  std::vector<float> values{0.f,
+                            -0.f,
+                            1.f,
+                            -1.f,
+                            65504.f,
+                            65519.f,
+                            65520.f,
+                            65535.f,
+                            1e-8f,
+                            6e-8f,
+                            5.9604645e-8f,
+                            2.9802322e-8f,
+                            2.98e-8f,
+                            6.1035156e-5f,
+                            6.1e-5f,
                             std::numeric_limits<float>::denorm_min(),
-                            std::numeric_limits<float>::min(), 3.3895e38f,
+                            std::numeric_limits<float>::min(),
+                            3.3895e38f,
                             std::numeric_limits<float>::max()};
   while (static_cast<int>(values.size()) < n) {
     const std::uint32_t bits = rng();
     values.push_back(d::float_of(bits));
   }
-  values.erase(std::remove_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }),
-               values.end());
+  values.erase(
+      std::remove_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }),
+      values.end());
   return values;
 }
 
@@ -88,7 +106,8 @@ TEST(FusedAdamWRoundingTest, PhiloxIsAtensPhiloxEngine) {
         for (std::uint64_t quad : {0ull, 5ull, (1ull << 33) + 3}) {
           at::philox_engine engine(seed, tensor | (static_cast<std::uint64_t>(step) << 32), quad);
           for (int k = 0; k < 4; ++k) {
-            EXPECT_EQ(d::rounding_bits(seed, tensor, step, 4 * quad + k), engine()) << seed << " " << quad;
+            EXPECT_EQ(d::rounding_bits(seed, tensor, step, 4 * quad + k), engine())
+                << seed << " " << quad;
           }
         }
       }
@@ -125,16 +144,20 @@ TEST(FusedAdamWRoundingTest, StochasticRoundsToANeighbour) {
         if (v != 0 || x != 0) EXPECT_EQ(std::signbit(v), std::signbit(x)) << x;
       }
     }
-    // NaN stays NaN, inf stays inf, whatever the bits.
+    // NaN stays NaN (also one whose payload is only in the discarded bits), inf stays inf,
+    // whatever the bits.
     for (std::uint32_t r : {0u, 0xFFFFFFFFu}) {
       EXPECT_TRUE(std::isnan(widen(bf16, stochastic(bf16, kNan, r))));
+      EXPECT_TRUE(std::isnan(widen(bf16, stochastic(bf16, d::float_of(0xFF800001u), r))));
       EXPECT_EQ(widen(bf16, stochastic(bf16, kInf, r)), kInf);
       EXPECT_EQ(widen(bf16, stochastic(bf16, -kInf, r)), -kInf);
     }
   }
   // Past the largest finite value: down to it or up to inf.
-  EXPECT_EQ(d::bf16_to_float(d::bf16_stochastic(std::numeric_limits<float>::max(), 0)), 3.3895314e38f);
-  EXPECT_EQ(d::bf16_to_float(d::bf16_stochastic(std::numeric_limits<float>::max(), 0xFFFFFFFFu)), kInf);
+  EXPECT_EQ(d::bf16_to_float(d::bf16_stochastic(std::numeric_limits<float>::max(), 0)),
+            3.3895314e38f);
+  EXPECT_EQ(d::bf16_to_float(d::bf16_stochastic(std::numeric_limits<float>::max(), 0xFFFFFFFFu)),
+            kInf);
   EXPECT_EQ(d::half_to_float(d::half_stochastic(65535.f, 0)), 65504.f);
   EXPECT_EQ(d::half_to_float(d::half_stochastic(65535.f, 0xFFFFFFFFu)), kInf);
   EXPECT_EQ(d::half_to_float(d::half_stochastic(-1e6f, 0)), -kInf);
@@ -144,7 +167,8 @@ TEST(FusedAdamWRoundingTest, StochasticRoundsToANeighbour) {
 TEST(FusedAdamWRoundingTest, StochasticIsExactlyUnbiasedOverAllDraws) {
   auto mean_over = [](bool bf16, float x, int bits) {
     double sum = 0;
-    for (std::uint32_t k = 0; k < (1u << bits); ++k) sum += widen(bf16, stochastic(bf16, x, k << (32 - bits)));
+    for (std::uint32_t k = 0; k < (1u << bits); ++k)
+      sum += widen(bf16, stochastic(bf16, x, k << (32 - bits)));
     return sum / static_cast<double>(1u << bits);
   };
   for (float x : {1.0001f, -3.14159f, 1e-30f, 0.999f, 1e30f, -2.5e-39f}) {
@@ -174,12 +198,14 @@ TEST(FusedAdamWRoundingTest, KahanBufferHoldsExactlyTheLostPart) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp16");
     int lost_nonzero = 0;
     for (int k = 0; k < 20000; ++k) {
-      const float w = static_cast<float>(widen(bf16, nearest(bf16, static_cast<float>((uniform() - 0.5) * 8))));
+      const float w =
+          static_cast<float>(widen(bf16, nearest(bf16, static_cast<float>((uniform() - 0.5) * 8))));
       const double relative = std::ldexp(uniform() - 0.5, -static_cast<int>(4 + uniform() * 20));
       const float target = static_cast<float>(w + w * relative);
       std::uint16_t c = nearest(bf16, static_cast<float>(w * std::ldexp(uniform() - 0.5, -10)));
       const float c_old = static_cast<float>(widen(bf16, c));
-      const std::uint16_t t = bf16 ? d::kahan_write<true>(w, target, &c) : d::kahan_write<false>(w, target, &c);
+      const std::uint16_t t =
+          bf16 ? d::kahan_write<true>(w, target, &c) : d::kahan_write<false>(w, target, &c);
       const float y = (target - w) + c_old;  // the update, in fp32 by definition
       EXPECT_EQ(t, nearest(bf16, w + y));
       const double lost = (static_cast<double>(w) + y) - widen(bf16, t);  // exact in float64
@@ -195,10 +221,14 @@ TEST(FusedAdamWRoundingTest, KahanBufferHoldsExactlyTheLostPart) {
   EXPECT_TRUE(std::isnan(d::half_to_float(d::kahan_write<false>(1.f, kNan, &c))));
 }
 
+// Each squaring doubles the relative error, so beta^n is within n ulps; the bias correction
+// 1 - beta^n, which is what the step uses, within a few 1e-14.
 TEST(FusedAdamWRoundingTest, PowBySquaringIsPow) {
-  for (double beta : {0.9, 0.999, 0.95}) {
-    for (std::uint32_t n : {0u, 1u, 2u, 3u, 10u, 1000u, 123457u}) {
-      EXPECT_NEAR(d::pow_by_squaring(beta, n), std::pow(beta, n), 1e-12 * std::pow(beta, n) + 1e-300);
+  for (double beta : {0.9, 0.999, 0.95, 0.9999}) {
+    for (std::uint32_t n : {0u, 1u, 2u, 3u, 10u, 1000u, 123457u, 10000000u}) {
+      const double want = std::pow(beta, n);
+      EXPECT_NEAR(d::pow_by_squaring(beta, n), want, (n + 1) * 2.3e-16 * want) << beta << "^" << n;
+      EXPECT_NEAR(1 - d::pow_by_squaring(beta, n), 1 - want, 1e-13) << beta << "^" << n;
     }
   }
 }
@@ -214,7 +244,8 @@ TEST(FusedAdamWLowPrecisionTest, OptionDefaultsNamesAndErrors) {
                     LowPrecisionUpdate::kStochasticRounding}) {
     EXPECT_EQ(mantissa::optim::parse_low_precision_update(mantissa::optim::to_string(rule)), rule);
   }
-  EXPECT_STREQ(mantissa::optim::to_string(LowPrecisionUpdate::kStochasticRounding), "stochastic_rounding");
+  EXPECT_STREQ(mantissa::optim::to_string(LowPrecisionUpdate::kStochasticRounding),
+               "stochastic_rounding");
   EXPECT_THAT([] { mantissa::optim::parse_low_precision_update("sr"); },
               ThrowsMessage<c10::ValueError>(HasSubstr("got 'sr'")));
   EXPECT_FALSE(FusedAdamWOptions().low_precision_update(LowPrecisionUpdate::kKahan) == defaults);
@@ -242,7 +273,9 @@ TEST(FusedAdamWLowPrecisionTest, EachRuleMatchesAFloat64Step) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + mantissa::optim::to_string(rule));
       torch::manual_seed(5);
       auto p = leaf(torch::randn({1000}).to(dtype));
-      FusedAdamW opt({p}, FusedAdamWOptions(lr).weight_decay(wd).fp32_moments(true).low_precision_update(rule));
+      FusedAdamW opt(
+          {p},
+          FusedAdamWOptions(lr).weight_decay(wd).fp32_moments(true).low_precision_update(rule));
       int far_from_nearest = 0;
       for (int step = 1; step <= 6; ++step) {
         const auto g = torch::randn({1000}).to(dtype);
@@ -277,7 +310,8 @@ TEST(FusedAdamWLowPrecisionTest, EachRuleMatchesAFloat64Step) {
           const double gi = ga[i];
           const double mi = b1 * m[i] + (1 - b1) * gi;
           const double vi = b2 * v[i] + (1 - b2) * gi * gi;
-          const double target = w[i] * (1 - lr * wd) - lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + eps);
+          const double target =
+              w[i] * (1 - lr * wd) - lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + eps);
           // fp32 arithmetic (and fp32 moments) around the weight: a few fp32 ulps of it.
           const double slack = 1e-6 * (std::fabs(w[i]) + std::fabs(target)) + 1e-12;
           const double wi = wa[i];
@@ -296,7 +330,8 @@ TEST(FusedAdamWLowPrecisionTest, EachRuleMatchesAFloat64Step) {
           }
         }
       }
-      if (rule != LowPrecisionUpdate::kNearest) EXPECT_GT(far_from_nearest, 500) << "the rule did something";
+      if (rule != LowPrecisionUpdate::kNearest)
+        EXPECT_GT(far_from_nearest, 500) << "the rule did something";
     }
   }
 }
@@ -310,8 +345,10 @@ TEST(FusedAdamWLowPrecisionTest, StochasticRoundingIsUnbiasedOverManyDraws) {
     const int before = at::get_num_threads();
     at::set_num_threads(threads);
     auto p = leaf(torch::ones({n}, torch::kBFloat16));
-    FusedAdamW opt({p}, FusedAdamWOptions(1e-3).weight_decay(0).stochastic_rounding_seed(17).low_precision_update(
-                            LowPrecisionUpdate::kStochasticRounding));
+    FusedAdamW opt(
+        {p},
+        FusedAdamWOptions(1e-3).weight_decay(0).stochastic_rounding_seed(17).low_precision_update(
+            LowPrecisionUpdate::kStochasticRounding));
     p.mutable_grad() = torch::ones({n}, torch::kBFloat16);
     opt.step();  // first Adam step: p = 1 - lr * 1 / (1 + eps) = 0.999 in fp32
     at::set_num_threads(before);
@@ -329,6 +366,41 @@ TEST(FusedAdamWLowPrecisionTest, StochasticRoundingIsUnbiasedOverManyDraws) {
   EXPECT_NEAR(fraction_up, expected, 5 * sigma);
   EXPECT_NEAR(pd.mean().item<double>(), target, 5 * sigma * (up - down));
   EXPECT_TRUE(torch::equal(p.view(torch::kInt16), run(1).view(torch::kInt16))) << "thread count";
+}
+
+// The draws are keyed by seed, step, tensor and element: change any one and the pattern of
+// elements rounded up changes (here, the same value in every element of two tensors, each
+// spanning several of the kernel's chunks).
+TEST(FusedAdamWLowPrecisionTest, StochasticDrawsDependOnSeedStepTensorAndElement) {
+  const int64_t n = 3 * 32768;
+  auto pattern = [&](std::uint64_t seed, int steps) {
+    auto a = leaf(torch::ones({n}, torch::kBFloat16)), b = leaf(torch::ones({n}, torch::kBFloat16));
+    FusedAdamW opt(
+        {a, b},
+        FusedAdamWOptions(1e-3).weight_decay(0).stochastic_rounding_seed(seed).low_precision_update(
+            LowPrecisionUpdate::kStochasticRounding));
+    for (int s = 0; s < steps; ++s) {
+      torch::NoGradGuard no_grad;
+      a.fill_(1);  // the same value and (constant grads: m / sqrt(v) = 1) the same update
+      b.fill_(1);
+      a.mutable_grad() = torch::ones({n}, torch::kBFloat16);
+      b.mutable_grad() = torch::ones({n}, torch::kBFloat16);
+      opt.step();
+    }
+    return std::make_pair(a.detach().eq(1), b.detach().eq(1));
+  };
+  const auto [a1, b1] = pattern(5, 1);
+  const auto [a2, b2] = pattern(5, 2);
+  const auto [a3, b3] = pattern(6, 1);
+  EXPECT_TRUE(torch::equal(pattern(5, 1).first, a1)) << "reproducible";
+  EXPECT_FALSE(torch::equal(a1, b1)) << "tensor";
+  EXPECT_FALSE(torch::equal(a1, a2)) << "step";
+  EXPECT_FALSE(torch::equal(a1, a3)) << "seed";
+  for (int64_t chunk = 1; chunk < 3; ++chunk) {
+    EXPECT_FALSE(
+        torch::equal(a1.slice(0, 0, 32768), a1.slice(0, chunk * 32768, (chunk + 1) * 32768)))
+        << "element";
+  }
 }
 
 // ---- every CPU build and (below) CUDA give the DEFAULT build's bits --------------------
@@ -363,8 +435,10 @@ torch::Tensor bits(const torch::Tensor& t) {
 
 TEST(FusedAdamWLowPrecisionTest, EveryCpuBuildGivesTheSameBits) {
   const std::string capability = at::get_cpu_capability();
-  std::vector<std::pair<std::string, void (*)(const d::AdamWCpuArgs&)>> kernels{{"DEFAULT", &d::DEFAULT::fused_adamw_cpu}};
-  if (capability == "AVX2" || capability == "AVX512") kernels.emplace_back("AVX2", &d::AVX2::fused_adamw_cpu);
+  std::vector<std::pair<std::string, void (*)(const d::AdamWCpuArgs&)>> kernels{
+      {"DEFAULT", &d::DEFAULT::fused_adamw_cpu}};
+  if (capability == "AVX2" || capability == "AVX512")
+    kernels.emplace_back("AVX2", &d::AVX2::fused_adamw_cpu);
   if (capability == "AVX512") kernels.emplace_back("AVX512", &d::AVX512::fused_adamw_cpu);
   const std::vector<int64_t> sizes{1013, 150001, 3};
   for (const auto& k : kernel_cases()) {
@@ -405,7 +479,8 @@ TEST(FusedAdamWLowPrecisionTest, EveryCpuBuildGivesTheSameBits) {
         tensors.push_back(t);
       }
       d::AdamWCpuArgs args{};
-      args.param_dtype = k.dtype == torch::kBFloat16 ? d::KernelDtype::kBFloat16 : d::KernelDtype::kHalf;
+      args.param_dtype =
+          k.dtype == torch::kBFloat16 ? d::KernelDtype::kBFloat16 : d::KernelDtype::kHalf;
       args.model_dtype = d::KernelDtype::kNone;
       args.amsgrad = k.amsgrad;
       args.rule = k.rule;
@@ -456,23 +531,30 @@ void load(torch::optim::Optimizer& opt, const std::string& bytes) {
 TEST(FusedAdamWLowPrecisionTest, ResumeFromAStateDictIsBitwise) {
   for (auto rule : {LowPrecisionUpdate::kKahan, LowPrecisionUpdate::kStochasticRounding}) {
     for (bool fp32_moments : {false, true}) {
-      SCOPED_TRACE(std::string(mantissa::optim::to_string(rule)) + (fp32_moments ? " fp32 moments" : ""));
+      SCOPED_TRACE(std::string(mantissa::optim::to_string(rule)) +
+                   (fp32_moments ? " fp32 moments" : ""));
       torch::manual_seed(7);
-      std::vector<torch::Tensor> init{torch::randn({33, 5}).to(torch::kBFloat16), torch::randn({70000}).to(torch::kBFloat16),
+      std::vector<torch::Tensor> init{torch::randn({33, 5}).to(torch::kBFloat16),
+                                      torch::randn({70000}).to(torch::kBFloat16),
                                       torch::randn({9}).to(torch::kHalf)};
       std::vector<std::vector<torch::Tensor>> grads(10);
       for (auto& step : grads) {
         for (const auto& p : init) step.push_back(torch::randn(p.sizes()).to(p.scalar_type()));
       }
-      const auto options = FusedAdamWOptions(1e-3).weight_decay(0.1).low_precision_update(rule).fp32_moments(fp32_moments)
+      const auto options = FusedAdamWOptions(1e-3)
+                               .weight_decay(0.1)
+                               .low_precision_update(rule)
+                               .fp32_moments(fp32_moments)
                                .stochastic_rounding_seed(1234);
       auto make = [&](std::vector<torch::Tensor>& params, FusedAdamWOptions o) {
         params.clear();
         for (const auto& t : init) params.push_back(leaf(t));
         // Two groups, so the tensor keys span groups.
         std::vector<torch::optim::OptimizerParamGroup> groups;
-        groups.emplace_back(std::vector<torch::Tensor>{params[0]}, std::make_unique<FusedAdamWOptions>(o));
-        groups.emplace_back(std::vector<torch::Tensor>{params[1], params[2]}, std::make_unique<FusedAdamWOptions>(o));
+        groups.emplace_back(std::vector<torch::Tensor>{params[0]},
+                            std::make_unique<FusedAdamWOptions>(o));
+        groups.emplace_back(std::vector<torch::Tensor>{params[1], params[2]},
+                            std::make_unique<FusedAdamWOptions>(o));
         return std::make_unique<FusedAdamW>(std::move(groups), o);
       };
       auto run_steps = [&](std::vector<torch::Tensor>& params, FusedAdamW& opt, int from, int to) {
@@ -494,7 +576,8 @@ TEST(FusedAdamWLowPrecisionTest, ResumeFromAStateDictIsBitwise) {
         for (size_t i = 0; i < resumed.size(); ++i) resumed[i].copy_(first[i]);
       }
       load(*resumed_opt, checkpoint);
-      const auto& restored = static_cast<const FusedAdamWOptions&>(resumed_opt->param_groups()[1].options());
+      const auto& restored =
+          static_cast<const FusedAdamWOptions&>(resumed_opt->param_groups()[1].options());
       EXPECT_EQ(restored.low_precision_update(), rule);
       EXPECT_EQ(restored.stochastic_rounding_seed(), 1234u);
       EXPECT_EQ(restored.fp32_moments(), fp32_moments);
@@ -547,7 +630,8 @@ TEST(FusedAdamWLowPrecisionTest, NearestStallsWhereCompensatedRulesLearn) {
   const auto start_values = 1 + 0.01 * torch::rand({n});
   auto train = [&](const torch::Tensor& start, torch::Dtype dtype, LowPrecisionUpdate rule) {
     auto p = leaf(start.to(dtype));
-    FusedAdamW opt({p}, FusedAdamWOptions(1e-4).weight_decay(0).low_precision_update(rule).fp32_moments(true));
+    FusedAdamW opt(
+        {p}, FusedAdamWOptions(1e-4).weight_decay(0).low_precision_update(rule).fp32_moments(true));
     for (int s = 0; s < steps; ++s) {
       p.mutable_grad() = p.detach().to(torch::kFloat).sub(0.5).to(dtype);  // pull towards 0.5
       opt.step();
@@ -560,7 +644,8 @@ TEST(FusedAdamWLowPrecisionTest, NearestStallsWhereCompensatedRulesLearn) {
     const auto fp32 = train(start, torch::kFloat, LowPrecisionUpdate::kNearest);
     const double fp32_moved = (start - fp32).mean().item<double>();
     EXPECT_NEAR(fp32_moved, steps * 1e-4, 2e-3);
-    EXPECT_TRUE(torch::equal(train(start, dtype, LowPrecisionUpdate::kNearest), start)) << "nearest stalls";
+    EXPECT_TRUE(torch::equal(train(start, dtype, LowPrecisionUpdate::kNearest), start))
+        << "nearest stalls";
     for (auto rule : {LowPrecisionUpdate::kKahan, LowPrecisionUpdate::kStochasticRounding}) {
       const auto low = train(start, dtype, rule);
       const double moved = (start - low).mean().item<double>();
@@ -586,7 +671,8 @@ TEST(FusedAdamWLowPrecisionTest, NanAndInfStayAndSkippedStepsWriteNothing) {
     EXPECT_TRUE(std::isfinite(v[4].item<float>()));
     // A step GradScaler skips (found_inf != 0) leaves params, compensation and step alone.
     const auto before = p.detach().clone();
-    const auto comp = rule == LowPrecisionUpdate::kKahan ? state_of(opt, p).kahan_comp().clone() : torch::Tensor();
+    const auto comp = rule == LowPrecisionUpdate::kKahan ? state_of(opt, p).kahan_comp().clone()
+                                                         : torch::Tensor();
     opt.set_amp_scaling(torch::full({}, 2.f), torch::ones({}));
     opt.step();
     opt.clear_amp_scaling();
@@ -602,7 +688,8 @@ TEST(FusedAdamWLowPrecisionTest, OddLayoutsTakeTheKernelOrAreRefusedNamingTheRul
   const auto init = torch::randn({16, 8}).to(torch::kBFloat16);
   const auto grad = torch::randn({16, 8}).to(torch::kBFloat16);
   auto a = leaf(init), b = leaf(init);
-  const auto o = FusedAdamWOptions(1e-2).low_precision_update(LowPrecisionUpdate::kStochasticRounding);
+  const auto o =
+      FusedAdamWOptions(1e-2).low_precision_update(LowPrecisionUpdate::kStochasticRounding);
   FusedAdamW oa({a}, o), ob({b}, o);
   a.mutable_grad() = grad.clone();
   b.mutable_grad() = grad.t().contiguous().t();
@@ -614,8 +701,8 @@ TEST(FusedAdamWLowPrecisionTest, OddLayoutsTakeTheKernelOrAreRefusedNamingTheRul
   auto view = base.slice(1, 0, 8, 2).detach().requires_grad_(true);
   view.mutable_grad() = torch::ones_like(view);
   FusedAdamW oc({view}, FusedAdamWOptions().low_precision_update(LowPrecisionUpdate::kKahan));
-  EXPECT_THAT([&] { oc.step(); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("low_precision_update=kahan needs a dense parameter")));
+  EXPECT_THAT([&] { oc.step(); }, ThrowsMessage<c10::ValueError>(HasSubstr(
+                                      "low_precision_update=kahan needs a dense parameter")));
 }
 
 // ---- CUDA (skipped without a GPU) -------------------------------------------------------
@@ -635,8 +722,12 @@ TEST(FusedAdamWLowPrecisionCudaTest, KernelMatchesTheCpuKernelBitForBit) {
         cpu.push_back(leaf(init));
         gpu.push_back(leaf(init.cuda()));
       }
-      const auto options = FusedAdamWOptions(1e-2).weight_decay(0.1).amsgrad(k.amsgrad).low_precision_update(k.rule)
-                               .fp32_moments(k.fp32_moments).stochastic_rounding_seed(77);
+      const auto options = FusedAdamWOptions(1e-2)
+                               .weight_decay(0.1)
+                               .amsgrad(k.amsgrad)
+                               .low_precision_update(k.rule)
+                               .fp32_moments(k.fp32_moments)
+                               .stochastic_rounding_seed(77);
       FusedAdamW cpu_opt(cpu, options), gpu_opt(gpu, options);
       for (int step = 0; step < 4; ++step) {
         for (size_t i = 0; i < shapes.size(); ++i) {
@@ -646,7 +737,8 @@ TEST(FusedAdamWLowPrecisionCudaTest, KernelMatchesTheCpuKernelBitForBit) {
         }
         if (scaled) {
           cpu_opt.set_amp_scaling(torch::full({}, 1024.f), torch::zeros({}));
-          gpu_opt.set_amp_scaling(torch::full({}, 1024.f, torch::kCUDA), torch::zeros({}, torch::kCUDA));
+          gpu_opt.set_amp_scaling(torch::full({}, 1024.f, torch::kCUDA),
+                                  torch::zeros({}, torch::kCUDA));
         }
         cpu_opt.step();
         gpu_opt.step();
@@ -659,9 +751,11 @@ TEST(FusedAdamWLowPrecisionCudaTest, KernelMatchesTheCpuKernelBitForBit) {
         const auto& cs = state_of(cpu_opt, cpu[i]);
         const auto& gs = state_of(gpu_opt, gpu[i]);
         EXPECT_TRUE(torch::equal(bits(cs.exp_avg()), bits(gs.exp_avg().cpu()))) << "exp_avg " << i;
-        EXPECT_TRUE(torch::equal(bits(cs.exp_avg_sq()), bits(gs.exp_avg_sq().cpu()))) << "exp_avg_sq " << i;
+        EXPECT_TRUE(torch::equal(bits(cs.exp_avg_sq()), bits(gs.exp_avg_sq().cpu())))
+            << "exp_avg_sq " << i;
         if (k.rule == LowPrecisionUpdate::kKahan) {
-          EXPECT_TRUE(torch::equal(bits(cs.kahan_comp()), bits(gs.kahan_comp().cpu()))) << "kahan_comp " << i;
+          EXPECT_TRUE(torch::equal(bits(cs.kahan_comp()), bits(gs.kahan_comp().cpu())))
+              << "kahan_comp " << i;
         }
         EXPECT_EQ(gs.step().item<float>(), 4.f);
       }

@@ -63,12 +63,12 @@ MANTISSA_HD Philox4 philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint3
 
 /// The 32 random bits stochastic rounding uses for element `index` of tensor `tensor` at step
 /// `step` under `seed`: word `index % 4` of Philox at counter (index / 4, tensor, step).
-MANTISSA_HD std::uint32_t rounding_bits(std::uint64_t seed, std::uint32_t tensor, std::uint32_t step,
-                                        std::uint64_t index) {
+MANTISSA_HD std::uint32_t rounding_bits(std::uint64_t seed, std::uint32_t tensor,
+                                        std::uint32_t step, std::uint64_t index) {
   const std::uint64_t quad = index >> 2;
-  const Philox4 r = philox4x32_10(static_cast<std::uint32_t>(quad), static_cast<std::uint32_t>(quad >> 32),
-                                  tensor, step, static_cast<std::uint32_t>(seed),
-                                  static_cast<std::uint32_t>(seed >> 32));
+  const Philox4 r = philox4x32_10(
+      static_cast<std::uint32_t>(quad), static_cast<std::uint32_t>(quad >> 32), tensor, step,
+      static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
   return r.word[index & 3];
 }
 
@@ -96,12 +96,15 @@ MANTISSA_HD bool is_finite_bits(std::uint32_t b) { return (b & 0x7F800000u) != 0
 
 // ---- bfloat16: the top half of an fp32 pattern ----
 
-MANTISSA_HD float bf16_to_float(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
+MANTISSA_HD float bf16_to_float(std::uint16_t h) {
+  return float_of(static_cast<std::uint32_t>(h) << 16);
+}
 
 /// Round to nearest even.
 MANTISSA_HD std::uint16_t bf16_nearest(float x) {
   const std::uint32_t b = bits_of(x);
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
   return static_cast<std::uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 

@@ -26,9 +26,12 @@ enum class LowPrecisionUpdate : std::int8_t { kNearest, kKahan, kStochasticRound
 /// "stochastic_rounding".
 inline const char* to_string(LowPrecisionUpdate rule) {
   switch (rule) {
-    case LowPrecisionUpdate::kNearest: return "nearest";
-    case LowPrecisionUpdate::kKahan: return "kahan";
-    case LowPrecisionUpdate::kStochasticRounding: return "stochastic_rounding";
+    case LowPrecisionUpdate::kNearest:
+      return "nearest";
+    case LowPrecisionUpdate::kKahan:
+      return "kahan";
+    case LowPrecisionUpdate::kStochasticRounding:
+      return "stochastic_rounding";
   }
   return "nearest";
 }
