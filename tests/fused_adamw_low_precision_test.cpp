@@ -389,16 +389,20 @@ TEST(FusedAdamWLowPrecisionTest, StochasticDrawsDependOnSeedStepTensorAndElement
     }
     return std::make_pair(a.detach().eq(1), b.detach().eq(1));
   };
+  // Independent draws disagree on 2 p (1 - p) of the elements (p, the chance of rounding up,
+  // is about 0.74 here); a key left out of the draw would make that nearly 0.
+  auto disagree = [](const torch::Tensor& x, const torch::Tensor& y) {
+    return x.ne(y).to(torch::kDouble).mean().item<double>();
+  };
   const auto [a1, b1] = pattern(5, 1);
   const auto [a2, b2] = pattern(5, 2);
   const auto [a3, b3] = pattern(6, 1);
   EXPECT_TRUE(torch::equal(pattern(5, 1).first, a1)) << "reproducible";
-  EXPECT_FALSE(torch::equal(a1, b1)) << "tensor";
-  EXPECT_FALSE(torch::equal(a1, a2)) << "step";
-  EXPECT_FALSE(torch::equal(a1, a3)) << "seed";
+  EXPECT_GT(disagree(a1, b1), 0.3) << "tensor";
+  EXPECT_GT(disagree(a1, a2), 0.3) << "step";
+  EXPECT_GT(disagree(a1, a3), 0.3) << "seed";
   for (int64_t chunk = 1; chunk < 3; ++chunk) {
-    EXPECT_FALSE(
-        torch::equal(a1.slice(0, 0, 32768), a1.slice(0, chunk * 32768, (chunk + 1) * 32768)))
+    EXPECT_GT(disagree(a1.slice(0, 0, 32768), a1.slice(0, chunk * 32768, (chunk + 1) * 32768)), 0.3)
         << "element";
   }
 }
