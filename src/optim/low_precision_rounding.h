@@ -103,21 +103,20 @@ MANTISSA_HD float bf16_to_float(std::uint16_t h) {
 /// Round to nearest even.
 MANTISSA_HD std::uint16_t bf16_nearest(float x) {
   const std::uint32_t b = bits_of(x);
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u)
-    return static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
-  return static_cast<std::uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+  const std::uint32_t nan = ((b >> 16) & 0x8000u) | 0x7FC0u;
+  const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
 /// Stochastic rounding with the random bits `r`: add 16 of them below the kept half and
 /// truncate. The magnitude rounds up with probability (low 16 bits) / 2^16; the carry cannot
 /// reach the sign bit (0x7F7FFFFF + 0xFFFF < 2^31), and past the largest finite bf16 it gives
-/// inf.
+/// inf; +-inf itself stays (its low half is zero, and the carry stays below it).
 MANTISSA_HD std::uint16_t bf16_stochastic(float x, std::uint32_t r) {
   const std::uint32_t b = bits_of(x);
-  const std::uint32_t mag = b & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
-  if (mag == 0x7F800000u) return static_cast<std::uint16_t>(b >> 16);
-  return static_cast<std::uint16_t>((b + (r >> 16)) >> 16);
+  const std::uint32_t nan = ((b >> 16) & 0x8000u) | 0x7FC0u;
+  const std::uint32_t rounded = (b + (r >> 16)) >> 16;
+  return static_cast<std::uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
 // ---- float16 ----
@@ -126,11 +125,11 @@ MANTISSA_HD float half_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1Fu;
   const std::uint32_t man = h & 0x3FFu;
-  if (exp == 0x1Fu) return float_of(sign | 0x7F800000u | (man << 13));
-  if (exp != 0) return float_of(sign | ((exp + 112u) << 23) | (man << 13));
+  const std::uint32_t special = sign | 0x7F800000u | (man << 13);
+  const std::uint32_t normal = sign | ((exp + 112u) << 23) | (man << 13);
   // Zero or subnormal: man * 2^-24, exact in fp32.
-  const float magnitude = static_cast<float>(man) * 5.9604644775390625e-8f;
-  return sign ? -magnitude : magnitude;
+  const std::uint32_t small = sign | bits_of(static_cast<float>(man) * 5.9604644775390625e-8f);
+  return float_of(exp == 0x1Fu ? special : (exp != 0 ? normal : small));
 }
 
 // fp16 values by the fp32 biased exponent e of |x|:
@@ -142,24 +141,26 @@ MANTISSA_HD float half_to_float(std::uint16_t h) {
 
 /// Round to nearest even.
 MANTISSA_HD std::uint16_t half_nearest(float x) {
+  // Branch-free (every case computed, one selected), so that a loop over it vectorizes.
   const std::uint32_t b = bits_of(x);
   const std::uint32_t sign = (b >> 16) & 0x8000u;
   const std::uint32_t mag = b & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);
-  if (mag >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
   const std::uint32_t e = mag >> 23;
-  if (e >= 113) {
-    const std::uint32_t rounded = mag + 0xFFFu + ((mag >> 13) & 1u);
-    return static_cast<std::uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
-  }
-  if (e < 102) return static_cast<std::uint16_t>(sign);
+  const std::uint32_t rounded = mag + 0xFFFu + ((mag >> 13) & 1u);
+  const std::uint32_t normal = (rounded - (112u << 23)) >> 13;
+  // Subnormal results: s = 126 - e in [14, 24] for e in [102, 112]; clamped to 31 below
+  // (where m < 2^24 <= half gives 0, right for |x| < 2^-25) and to 1 above (unused).
   const std::uint32_t m = (mag & 0x7FFFFFu) | 0x800000u;
-  const std::uint32_t s = 126 - e;  // 14..24
+  const std::uint32_t s = e >= 125 ? 1u : (e <= 95 ? 31u : 126u - e);
   const std::uint32_t q = m >> s;
   const std::uint32_t rest = m & ((1u << s) - 1u);
   const std::uint32_t half = 1u << (s - 1);
-  const std::uint32_t up = (rest > half || (rest == half && (q & 1u))) ? 1u : 0u;
-  return static_cast<std::uint16_t>(sign | (q + up));
+  const std::uint32_t sub = q + ((rest > half || (rest == half && (q & 1u))) ? 1u : 0u);
+  const std::uint32_t value = mag > 0x7F800000u    ? 0x7E00u
+                              : mag >= 0x477FF000u ? 0x7C00u
+                              : e >= 113           ? normal
+                                                   : sub;
+  return static_cast<std::uint16_t>(sign | value);
 }
 
 /// Stochastic rounding with the random bits `r` at the fp16 spacing of `x` (subnormals
@@ -233,15 +234,14 @@ MANTISSA_HD float widen(std::uint16_t h) {
 /// clears the compensation. Returns t's bits.
 template <bool kBf16>
 MANTISSA_HD std::uint16_t kahan_write(float w, float target, std::uint16_t* comp) {
-  if (!is_finite_bits(bits_of(target))) {
-    *comp = 0;
-    return round_nearest<kBf16>(target);
-  }
+  // Branch-free, as half_nearest.
   const float y = (target - w) + widen<kBf16>(*comp);
   const std::uint16_t t = round_nearest<kBf16>(w + y);
   const float tf = widen<kBf16>(t);
-  *comp = is_finite_bits(bits_of(tf)) ? round_nearest<kBf16>(y - (tf - w)) : std::uint16_t{0};
-  return t;
+  const std::uint16_t c = round_nearest<kBf16>(y - (tf - w));
+  const bool finite = is_finite_bits(bits_of(target));
+  *comp = finite && is_finite_bits(bits_of(tf)) ? c : std::uint16_t{0};
+  return finite ? t : round_nearest<kBf16>(target);
 }
 
 /// base^n by repeated squaring, rounding each double multiply (deterministic on every device).
