@@ -339,7 +339,7 @@ bool kernel_can_run(const Item& item, bool amsgrad) {
 // pow_by_squaring (the CUDA kernel does the same); nearest keeps std::pow, as AdamW.
 double bias_correction(double beta, double step, LowPrecisionUpdate rule) {
   if (rule == LowPrecisionUpdate::kNearest) return 1 - std::pow(beta, step);
-  return 1 - detail::pow_by_squaring(beta, static_cast<std::uint32_t>(step));
+  return detail::exact_bias_correction(beta, static_cast<std::uint32_t>(step));
 }
 
 detail::AdamWScalars group_scalars(const FusedAdamWOptions& o, double lr) {

@@ -166,9 +166,9 @@ __global__ void __launch_bounds__(kThreads)
   const double step = static_cast<double>(*meta.step[t]) + 1.0;
   const auto step_count = static_cast<std::uint32_t>(step);
   const double bias_correction1 =
-      1.0 - (kExact ? pow_by_squaring(h.beta1, step_count) : pow(h.beta1, step));
+      kExact ? exact_bias_correction(h.beta1, step_count) : 1.0 - pow(h.beta1, step);
   const double bias_correction2 =
-      1.0 - (kExact ? pow_by_squaring(h.beta2, step_count) : pow(h.beta2, step));
+      kExact ? exact_bias_correction(h.beta2, step_count) : 1.0 - pow(h.beta2, step);
   const double lr = h.lr_on_device != nullptr ? *h.lr_on_device : h.lr;
   const float decay = h.lr_on_device != nullptr
                           ? static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, h.weight_decay)))

@@ -14,8 +14,9 @@
 // - Bias corrections by repeated squaring: the same double multiplies on host and device
 //   (pow() in glibc and in CUDA's libdevice may differ in the last bit).
 //
-// No operation here is a multiply followed by an add, so no compiler can contract one into an
-// fma and change a result between builds.
+// No fp32 multiply here feeds an add except by an exact power-of-two scaling, so contracting
+// one into an fma could not change a result; the double multiplies of the bias corrections use
+// round-to-nearest intrinsics on the device, which nvcc never contracts.
 #include <cstdint>
 #include <cstring>
 
@@ -244,15 +245,35 @@ MANTISSA_HD std::uint16_t kahan_write(float w, float target, std::uint16_t* comp
   return finite ? t : round_nearest<kBf16>(target);
 }
 
+MANTISSA_HD double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);  // never contracted with a following add (nvcc's -fmad=true)
+#else
+  return a * b;
+#endif
+}
+
 /// base^n by repeated squaring, rounding each double multiply (deterministic on every device).
 MANTISSA_HD double pow_by_squaring(double base, std::uint32_t n) {
   double result = 1.0;
   while (n != 0) {
-    if (n & 1u) result *= base;
-    base *= base;
+    if (n & 1u) result = mul_rn(result, base);
+    base = mul_rn(base, base);
     n >>= 1;
   }
   return result;
+}
+
+/// 1 - beta^step, the bias correction of the rules that promise the same bits on the CPU and on
+/// CUDA. On the host this needs a build that does not contract the subtraction with the last
+/// multiply into an fma: fused_adamw.cpp is compiled for baseline x86-64, which has no fma (an
+/// fma-enabled host build, e.g. aarch64, would need -ffp-contract=off there).
+MANTISSA_HD double exact_bias_correction(double beta, std::uint32_t step) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(1.0, pow_by_squaring(beta, step));
+#else
+  return 1.0 - pow_by_squaring(beta, step);
+#endif
 }
 
 }  // namespace
