@@ -42,7 +42,8 @@ void FusedAdamWOptions::serialize(torch::serialize::OutputArchive& archive) cons
   archive.write("weight_decay", c10::IValue(weight_decay()));
   archive.write("amsgrad", c10::IValue(amsgrad()));
   archive.write("maximize", c10::IValue(maximize()));
-  archive.write("low_precision_update", c10::IValue(std::string(to_string(low_precision_update()))));
+  archive.write("low_precision_update",
+                c10::IValue(std::string(to_string(low_precision_update()))));
   // IValue holds int64: the seed's bits, reinterpreted.
   archive.write("stochastic_rounding_seed",
                 c10::IValue(static_cast<std::int64_t>(stochastic_rounding_seed())));
@@ -122,7 +123,8 @@ void check_options(const FusedAdamWOptions& options) {
 // The rule a parameter's write takes: only bf16/fp16 parameters have a choice (fp32 results
 // stored in fp32 lose nothing to a rule; fp64 takes the ATen fallback).
 LowPrecisionUpdate effective_rule(const FusedAdamWOptions& options, c10::ScalarType dtype) {
-  return amp::is_low_precision(dtype) ? options.low_precision_update() : LowPrecisionUpdate::kNearest;
+  return amp::is_low_precision(dtype) ? options.low_precision_update()
+                                      : LowPrecisionUpdate::kNearest;
 }
 
 c10::ScalarType moment_dtype(const FusedAdamWOptions& options, c10::ScalarType param_dtype) {
@@ -254,7 +256,8 @@ void FusedAdamW::load(torch::serialize::InputArchive& archive) {
       state.step(state.step().to(on.dtype(at::kFloat)));
       if (state.exp_avg().defined()) state.exp_avg(state.exp_avg().to(moments));
       if (state.exp_avg_sq().defined()) state.exp_avg_sq(state.exp_avg_sq().to(moments));
-      if (state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(state.max_exp_avg_sq().to(moments));
+      if (state.max_exp_avg_sq().defined())
+        state.max_exp_avg_sq(state.max_exp_avg_sq().to(moments));
       if (state.kahan_comp().defined()) state.kahan_comp(state.kahan_comp().to(on));
     }
   }
@@ -480,8 +483,9 @@ void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOp
     }
     detail::cuda::fused_adamw_low_precision(
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, kahan_comps, rng_tensors, steps,
-        hyper, o.amsgrad(), key.rule, o.stochastic_rounding_seed(), on_device(lr_tensor, at::kDouble),
-        on_device(grad_scale, at::kFloat), on_device(found_inf, at::kFloat));
+        hyper, o.amsgrad(), key.rule, o.stochastic_rounding_seed(),
+        on_device(lr_tensor, at::kDouble), on_device(grad_scale, at::kFloat),
+        on_device(found_inf, at::kFloat));
     return;
   }
   detail::cuda::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps,
@@ -551,8 +555,10 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       const auto rule = effective_rule(options, p.scalar_type());
       if (rule == LowPrecisionUpdate::kKahan && !state->kahan_comp().defined()) {
         // Also after loading a state saved under another rule: the compensation starts at zero.
-        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g, " has no kahan_comp yet and the "
-                    "step is being captured in a CUDA graph; run an eager step with low_precision_update=kahan first");
+        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g,
+                    " has no kahan_comp yet and the "
+                    "step is being captured in a CUDA graph; run an eager step with "
+                    "low_precision_update=kahan first");
         state->kahan_comp(at::zeros_like(p, at::MemoryFormat::Preserve));
       }
       at::Tensor model;
@@ -572,10 +578,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                             state->exp_avg().scalar_type(), rule};
         buckets[key].push_back(std::move(item));
       } else {
-        TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest, "FusedAdamW: low_precision_update=",
-                          to_string(rule), " needs a dense parameter on the CPU or a CUDA device, with "
-                          "its state laid out alike; parameter ", i, " of group ", g, " is a ",
-                          p.scalar_type(), " tensor on ", p.device(), " with strides ", p.strides());
+        TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest,
+                          "FusedAdamW: low_precision_update=", to_string(rule),
+                          " needs a dense parameter on the CPU or a CUDA device, with "
+                          "its state laid out alike; parameter ",
+                          i, " of group ", g, " is a ", p.scalar_type(), " tensor on ", p.device(),
+                          " with strides ", p.strides());
         fallback.push_back(std::move(item));
       }
     }

@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kExact = R != LowPrecisionUpdate::kNearest;
   if (found_inf != nullptr && *found_inf != 0.f) return;
   const int t = meta.block_to_tensor[blockIdx.x];
-  const std::int64_t begin = static_cast<std::int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
   const std::int64_t end = min(meta.numel[t], begin + kChunkSize);
 
   const double step = static_cast<double>(*meta.step[t]) + 1.0;
@@ -193,10 +194,10 @@ __global__ void __launch_bounds__(kThreads)
     Philox4 random{};
     if constexpr (R == LowPrecisionUpdate::kStochasticRounding) {
       const auto counter = static_cast<std::uint64_t>(quad) >> 2;
-      random = philox4x32_10(static_cast<std::uint32_t>(counter),
-                             static_cast<std::uint32_t>(counter >> 32), meta.rng_tensor[t],
-                             step_count, static_cast<std::uint32_t>(seed),
-                             static_cast<std::uint32_t>(seed >> 32));
+      random =
+          philox4x32_10(static_cast<std::uint32_t>(counter),
+                        static_cast<std::uint32_t>(counter >> 32), meta.rng_tensor[t], step_count,
+                        static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -328,15 +329,12 @@ void dispatch_amsgrad(bool amsgrad, const std::vector<at::Tensor>& params,
 }
 
 template <typename P, typename S, bool kAmsgrad, LowPrecisionUpdate R>
-void launch_low_precision(const std::vector<at::Tensor>& params,
-                          const std::vector<at::Tensor>& grads,
-                          const std::vector<at::Tensor>& exp_avgs,
-                          const std::vector<at::Tensor>& exp_avg_sqs,
-                          const std::vector<at::Tensor>& max_exp_avg_sqs,
-                          const std::vector<at::Tensor>& kahan_comps,
-                          const std::vector<std::uint32_t>& rng_tensors,
-                          const std::vector<at::Tensor>& steps, const Hyper& h, std::uint64_t seed,
-                          const float* grad_scale, const float* found_inf) {
+void launch_low_precision(
+    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+    const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+    const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& kahan_comps,
+    const std::vector<std::uint32_t>& rng_tensors, const std::vector<at::Tensor>& steps,
+    const Hyper& h, std::uint64_t seed, const float* grad_scale, const float* found_inf) {
   constexpr bool kComp = R == LowPrecisionUpdate::kKahan;
   const auto stream = at::cuda::getCurrentCUDAStream();
   LowPrecisionMeta meta{};
@@ -407,15 +405,12 @@ void launch_low_precision(const std::vector<at::Tensor>& params,
 }
 
 template <typename P, typename S, LowPrecisionUpdate R>
-void low_precision_amsgrad(bool amsgrad, const std::vector<at::Tensor>& params,
-                           const std::vector<at::Tensor>& grads,
-                           const std::vector<at::Tensor>& exp_avgs,
-                           const std::vector<at::Tensor>& exp_avg_sqs,
-                           const std::vector<at::Tensor>& max_exp_avg_sqs,
-                           const std::vector<at::Tensor>& kahan_comps,
-                           const std::vector<std::uint32_t>& rng_tensors,
-                           const std::vector<at::Tensor>& steps, const Hyper& h, std::uint64_t seed,
-                           const float* grad_scale, const float* found_inf) {
+void low_precision_amsgrad(
+    bool amsgrad, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+    const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+    const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& kahan_comps,
+    const std::vector<std::uint32_t>& rng_tensors, const std::vector<at::Tensor>& steps,
+    const Hyper& h, std::uint64_t seed, const float* grad_scale, const float* found_inf) {
   if (amsgrad) {
     launch_low_precision<P, S, true, R>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                                         kahan_comps, rng_tensors, steps, h, seed, grad_scale,
@@ -433,7 +428,8 @@ Hyper make_hyper(const AdamWCudaHyper& hyper, const at::Tensor& lr) {
   h.beta1 = hyper.beta1;
   h.beta2 = hyper.beta2;
   h.weight_decay = hyper.weight_decay;
-  TORCH_INTERNAL_ASSERT(!lr.defined() || (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
+  TORCH_INTERNAL_ASSERT(!lr.defined() ||
+                        (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
   h.lr_on_device = lr.defined() ? lr.const_data_ptr<double>() : nullptr;
   h.decay = hyper.scalars.decay;
   h.beta1_f = hyper.scalars.beta1;
@@ -467,10 +463,12 @@ void fused_adamw_low_precision(
   TORCH_INTERNAL_ASSERT(moments == dtype || moments == at::kFloat);
   for (std::size_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(params[i].is_cuda() && params[i].device() == params[0].device() &&
-                          params[i].scalar_type() == dtype && exp_avgs[i].scalar_type() == moments &&
+                          params[i].scalar_type() == dtype &&
+                          exp_avgs[i].scalar_type() == moments &&
                           exp_avg_sqs[i].scalar_type() == moments);
     TORCH_INTERNAL_ASSERT(steps[i].scalar_type() == at::kFloat && steps[i].is_cuda());
-    if (rule == LowPrecisionUpdate::kKahan) TORCH_INTERNAL_ASSERT(kahan_comps[i].scalar_type() == dtype);
+    if (rule == LowPrecisionUpdate::kKahan)
+      TORCH_INTERNAL_ASSERT(kahan_comps[i].scalar_type() == dtype);
   }
   const Hyper h = make_hyper(hyper, lr);
   const float* scale_ptr = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
@@ -478,15 +476,18 @@ void fused_adamw_low_precision(
   using c10::BFloat16;
   using c10::Half;
   using Rule = LowPrecisionUpdate;
-#define MANTISSA_LP_CASE(P, S, R)                                                                 \
-  return low_precision_amsgrad<P, S, R>(amsgrad, params, grads, exp_avgs, exp_avg_sqs,           \
+#define MANTISSA_LP_CASE(P, S, R)                                                                  \
+  return low_precision_amsgrad<P, S, R>(amsgrad, params, grads, exp_avgs, exp_avg_sqs,             \
                                         max_exp_avg_sqs, kahan_comps, rng_tensors, steps, h, seed, \
                                         scale_ptr, inf_ptr)
-#define MANTISSA_LP_RULES(P, S)                                                 \
-  switch (rule) {                                                               \
-    case Rule::kNearest: MANTISSA_LP_CASE(P, S, Rule::kNearest);                \
-    case Rule::kKahan: MANTISSA_LP_CASE(P, S, Rule::kKahan);                    \
-    case Rule::kStochasticRounding: MANTISSA_LP_CASE(P, S, Rule::kStochasticRounding); \
+#define MANTISSA_LP_RULES(P, S)                          \
+  switch (rule) {                                        \
+    case Rule::kNearest:                                 \
+      MANTISSA_LP_CASE(P, S, Rule::kNearest);            \
+    case Rule::kKahan:                                   \
+      MANTISSA_LP_CASE(P, S, Rule::kKahan);              \
+    case Rule::kStochasticRounding:                      \
+      MANTISSA_LP_CASE(P, S, Rule::kStochasticRounding); \
   }
   const bool fp32_moments = moments == at::kFloat;
   if (dtype == at::kBFloat16 && fp32_moments) MANTISSA_LP_RULES(BFloat16, float)
@@ -495,8 +496,8 @@ void fused_adamw_low_precision(
   if (dtype == at::kHalf && !fp32_moments) MANTISSA_LP_RULES(Half, Half)
 #undef MANTISSA_LP_RULES
 #undef MANTISSA_LP_CASE
-  TORCH_INTERNAL_ASSERT(false, "fused_adamw_low_precision (CUDA): unsupported dtypes ", dtype, " / ",
-                        moments);
+  TORCH_INTERNAL_ASSERT(false, "fused_adamw_low_precision (CUDA): unsupported dtypes ", dtype,
+                        " / ", moments);
 }
 
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,

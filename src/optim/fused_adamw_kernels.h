@@ -8,10 +8,10 @@
 //   g  = float(grad) [* inv_scale] [negated if maximize]
 //   p  = float(param) * decay                              decay = float(1 - lr * wd)
 //   m  = fma(g, 1 - beta1, float(exp_avg) * beta1)         exp_avg.mul_(b1).add_(g, 1 - b1)
-//   v  = fma((1 - beta2) * g, g, float(exp_avg_sq) * beta2)  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
-//   vm = max(float(max_exp_avg_sq), v)                     amsgrad only
-//   d  = sqrt(v or vm) / sqrt(bc2) + eps
-//   p  = p + (-(lr / bc1) * m) / d                         p.addcdiv_(m, d, -lr / bc1)
+//   v  = fma((1 - beta2) * g, g, float(exp_avg_sq) * beta2)  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 -
+//   b2) vm = max(float(max_exp_avg_sq), v)                     amsgrad only d  = sqrt(v or vm) /
+//   sqrt(bc2) + eps p  = p + (-(lr / bc1) * m) / d                         p.addcdiv_(m, d, -lr /
+//   bc1)
 // and store p, m, v (vm) rounded once to their dtype, plus p rounded to the model's dtype.
 // The two fmas are where ATen's AVX2/AVX512 kernels fuse (its DEFAULT build does not, nor does
 // ours). The one remaining difference from torch::optim::AdamW: ATen's CPU sqrt goes through
@@ -59,7 +59,7 @@ struct AdamWCpuTensor {
   std::int64_t numel;
   float neg_step_size;     // float(-(lr / bias_correction1)) for this tensor's step
   float bias_correction2_sqrt;  // float(sqrt(bias_correction2))
-  void* kahan_comp;        // param dtype; null unless the rule is kKahan
+  void* kahan_comp;             // param dtype; null unless the rule is kKahan
   std::uint32_t rng_tensor;  // stochastic rounding: the tensor's key (its index in the optimizer)
   std::uint32_t rng_step;    // stochastic rounding: the step being taken (1 for the first)
 };
