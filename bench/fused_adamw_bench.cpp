@@ -1,6 +1,7 @@
 // The fused AdamW step against the unfused ATen sequence it replaces, on the CPU, measured side
 // by side in one run (medians of several repeats); the step's achieved bandwidth against this
-// machine's copy bandwidth; and the memory per parameter of each precision mode.
+// machine's copy bandwidth; the step time of each low-precision update rule on a pure bf16
+// model; and the memory per parameter of each precision mode.
 //
 //   build/bench/fused_adamw_bench                       # 10M and 100M parameters
 //   build/bench/fused_adamw_bench --sizes 10 --repeats 9
@@ -137,6 +138,44 @@ void unfused_boundary(UnfusedView& s, const torch::Tensor& scale, bool with_grad
 
 double gbps(double bytes, double seconds) { return bytes / seconds / 1e9; }
 
+// A pure bf16 model (no masters) stepped by FusedAdamW under one LowPrecisionUpdate rule.
+struct RuleFigure {
+  std::string name;
+  double step_ms;
+  double moved_bytes_per_param;  // read + written by the kernel
+  double state_bytes_per_param;  // param, grad, moments, compensation
+  double gbps;
+};
+
+RuleFigure measure_rule(int64_t n, mantissa::optim::LowPrecisionUpdate rule, bool fp32_moments,
+                        int repeats) {
+  using mantissa::optim::LowPrecisionUpdate;
+  std::vector<torch::Tensor> params;
+  for (auto numel : split(n)) {
+    auto p = torch::randn({numel}).to(torch::kBFloat16).requires_grad_(true);
+    p.mutable_grad() = (torch::randn({numel}) * 1e-2).to(torch::kBFloat16);
+    params.push_back(p);
+  }
+  FusedAdamW optimizer(params, FusedAdamWOptions(kLr)
+                                   .betas({kBeta1, kBeta2})
+                                   .eps(kEps)
+                                   .weight_decay(kWd)
+                                   .low_precision_update(rule)
+                                   .fp32_moments(fp32_moments));
+  optimizer.step();  // makes the state
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) times.push_back(seconds_of([&] { optimizer.step(); }));
+  const double moment = fp32_moments ? 4 : 2;
+  const double comp = rule == LowPrecisionUpdate::kKahan ? 2 : 0;
+  // Reads g, p, m, v (and c); writes p, m, v (and c).
+  const double moved = 2 + 2 + 2 * moment + comp + 2 + 2 * moment + comp;
+  const double held = 2 + 2 + 2 * moment + comp;
+  std::string name =
+      std::string(mantissa::optim::to_string(rule)) + (fp32_moments ? "+fp32 moments" : "");
+  const double t = median(times);
+  return {name, 1e3 * t, moved, held, gbps(moved * static_cast<double>(n), t)};
+}
+
 // The 1-minute load average: other work on the machine skews absolute figures (ratios less so).
 double load_average() {
   FILE* f = std::fopen("/proc/loadavg", "r");
@@ -171,7 +210,16 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
   {
     torch::nn::Sequential model;
     for (int i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
-    const bool low = mode == "bf16+masters" || mode == "pure bf16";
+    const std::string m(mode);
+    const bool pure = m.rfind("pure bf16", 0) == 0;
+    const bool low = mode == "bf16+masters" || pure;
+    auto options = FusedAdamWOptions(kLr);
+    if (m.find("kahan") != std::string::npos)
+      options.low_precision_update(mantissa::optim::LowPrecisionUpdate::kKahan);
+    if (m.find("SR") != std::string::npos) {
+      options.low_precision_update(mantissa::optim::LowPrecisionUpdate::kStochasticRounding);
+    }
+    options.fp32_moments(m.find("fp32 moments") != std::string::npos);
     if (low) model->to(torch::kBFloat16);
     std::unique_ptr<MasterWeights> masters;
     std::unique_ptr<FusedAdamW> optimizer;
@@ -179,7 +227,7 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
       masters = std::make_unique<MasterWeights>(*model);
       optimizer = std::make_unique<FusedAdamW>(*masters, FusedAdamWOptions(kLr));
     } else {
-      optimizer = std::make_unique<FusedAdamW>(model->parameters(), FusedAdamWOptions(kLr));
+      optimizer = std::make_unique<FusedAdamW>(model->parameters(), options);
     }
     const auto x = torch::randn({1, width}, low ? torch::kBFloat16 : torch::kFloat);
     for (int step = 0; step < 2; ++step) {
@@ -213,6 +261,7 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
       const auto& s = static_cast<const mantissa::optim::FusedAdamWParamState&>(*state);
       add(s.exp_avg());
       add(s.exp_avg_sq());
+      add(s.kahan_comp());
     }
     const int64_t after = rss_bytes();
     figure.tensor_bytes_per_param = static_cast<double>(bytes) / numel;
@@ -356,16 +405,44 @@ int main(int argc, char** argv) {
     }
     char buffer[2048];
     std::snprintf(buffer, sizeof(buffer),
-                  "%s{\"params\":%lld,\"unfused_boundary_ms\":%.2f,\"fused_boundary_ms\":%.2f,\"boundary_ratio\":%.3f,"
+                  "%s{\"params\":%lld,\"unfused_boundary_ms\":%.2f,\"fused_boundary_ms\":%.2f,"
+                  "\"boundary_ratio\":%.3f,"
                   "\"unfused_update_ms\":%.2f,\"fused_update_ms\":%.2f,\"update_ratio\":%.3f,"
                   "\"grad_cast_ms\":%.2f,\"inf_check_ms\":%.2f,"
-                  "\"fused_update_gbps\":%.2f,\"copy_gbps\":%.2f,\"inplace_gbps\":%.2f,\"memcpy_1thread_gbps\":%.2f,"
-                  "\"fraction_of_copy\":%.3f,\"fraction_of_inplace\":%.3f,\"kernel_gbps\":{%s}}",
-                  si ? "," : "", static_cast<long long>(n), 1e3 * med["unfused_boundary"], 1e3 * med["fused_boundary"],
-                  boundary_ratio, 1e3 * med["unfused_update"], 1e3 * med["fused_update"], update_ratio,
-                  1e3 * med["grad_cast"], 1e3 * med["inf_check"], fused_gbps, copy_gbps, inplace_gbps, memcpy_gbps,
+                  "\"fused_update_gbps\":%.2f,\"copy_gbps\":%.2f,\"inplace_gbps\":%.2f,\"memcpy_"
+                  "1thread_gbps\":%.2f,"
+                  "\"fraction_of_copy\":%.3f,\"fraction_of_inplace\":%.3f,\"kernel_gbps\":{%s}",
+                  si ? "," : "", static_cast<long long>(n), 1e3 * med["unfused_boundary"],
+                  1e3 * med["fused_boundary"], boundary_ratio, 1e3 * med["unfused_update"],
+                  1e3 * med["fused_update"], update_ratio, 1e3 * med["grad_cast"],
+                  1e3 * med["inf_check"], fused_gbps, copy_gbps, inplace_gbps, memcpy_gbps,
                   fused_gbps / copy_gbps, fused_gbps / inplace_gbps, kernel_json.c_str());
     json += buffer;
+
+    // Pure bf16 (no masters): the same step under each low-precision update rule.
+    std::printf("  pure bf16, FusedAdamW step by low_precision_update (%zu tensors):\n",
+                state.model.size());
+    json += ",\"rules\":{";
+    bool first_rule = true;
+    using mantissa::optim::LowPrecisionUpdate;
+    for (auto rule : {LowPrecisionUpdate::kNearest, LowPrecisionUpdate::kKahan,
+                      LowPrecisionUpdate::kStochasticRounding}) {
+      for (bool fp32_moments : {false, true}) {
+        const auto f = measure_rule(n, rule, fp32_moments, repeats);
+        std::printf("    %-34s %8.1f ms  %5.1f GB/s  moves %4.1f B/param  holds %4.1f B/param\n",
+                    f.name.c_str(), f.step_ms, f.gbps, f.moved_bytes_per_param,
+                    f.state_bytes_per_param);
+        char rule_buffer[256];
+        std::snprintf(rule_buffer, sizeof(rule_buffer),
+                      "%s\"%s\":{\"step_ms\":%.2f,\"gbps\":%.2f,\"moved_bytes_per_param\":%.1f,"
+                      "\"bytes_per_param\":%.1f}",
+                      first_rule ? "" : ",", f.name.c_str(), f.step_ms, f.gbps,
+                      f.moved_bytes_per_param, f.state_bytes_per_param);
+        json += rule_buffer;
+        first_rule = false;
+      }
+    }
+    json += "}}";
   }
   json += "]";
 
@@ -374,7 +451,8 @@ int main(int argc, char** argv) {
     std::printf("\nmemory per parameter after two training steps (67M parameters, FusedAdamW):\n");
     json += ",\"memory_bytes_per_param\":{";
     bool first = true;
-    for (const char* mode : {"fp32", "AMP (bf16 autocast)", "bf16+masters", "pure bf16"}) {
+    for (const char* mode : {"fp32", "AMP (bf16 autocast)", "bf16+masters", "pure bf16",
+                             "pure bf16 kahan", "pure bf16 SR", "pure bf16 kahan fp32 moments"}) {
       const auto f = measure_mode(mode, 4096, 4);
       std::printf("  %-20s tensors %5.2f B  resident set %5.2f B\n", mode, f.tensor_bytes_per_param,
                   f.rss_bytes_per_param);

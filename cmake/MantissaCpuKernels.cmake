@@ -56,8 +56,9 @@ function(mantissa_add_cpu_kernels target)
       list(APPEND _options -ffp-contract=off)
     endif()
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-      # GCC 12 flags its own _mm512_undefined_ps() in avx512fintrin.h (clang has no such flag).
-      list(APPEND _options -Wno-maybe-uninitialized)
+      # GCC 12 flags its own _mm512_undefined_ps() in avx512fintrin.h (clang has no such flag),
+      # as "maybe" or, once amsgrad's masked max and sqrt are inlined, as certainly uninitialized.
+      list(APPEND _options -Wno-maybe-uninitialized -Wno-uninitialized)
     endif()
     if(_source MATCHES "_default\\.cpp$")
       list(APPEND _definitions CPU_CAPABILITY=DEFAULT CPU_CAPABILITY_DEFAULT)

@@ -12,6 +12,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/amp/supports_amp_scaling.h
   include/mantissa/amp/grad_scaler.h
   include/mantissa/amp/master_weights.h
+  include/mantissa/optim/low_precision_update.h
   include/mantissa/optim/fused_adamw.h
   include/mantissa/io/safetensors.h
   include/mantissa/lr_scheduler.h

@@ -16,6 +16,7 @@
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
+#include <mantissa/optim/low_precision_update.h>
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer.h>
 #include <mantissa/trainer_callback.h>

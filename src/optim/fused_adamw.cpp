@@ -17,6 +17,7 @@
 
 #include "cuda_capture.h"
 #include "optim/fused_adamw_kernels.h"
+#include "optim/low_precision_rounding.h"
 
 namespace mantissa::optim {
 
@@ -27,17 +28,26 @@ FusedAdamWOptions::FusedAdamWOptions(double lr) : lr_(lr) {}
 bool operator==(const FusedAdamWOptions& lhs, const FusedAdamWOptions& rhs) {
   return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
          lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
-         lhs.maximize() == rhs.maximize();
+         lhs.maximize() == rhs.maximize() &&
+         lhs.low_precision_update() == rhs.low_precision_update() &&
+         lhs.stochastic_rounding_seed() == rhs.stochastic_rounding_seed() &&
+         lhs.fp32_moments() == rhs.fp32_moments();
 }
 
 void FusedAdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  // torch::optim::AdamWOptions' keys, so that AdamW reads them; `maximize` is ours.
+  // torch::optim::AdamWOptions' keys, so that AdamW reads them (and skips the rest, ours).
   archive.write("lr", c10::IValue(lr()));
   archive.write("betas", c10::IValue(betas()));
   archive.write("eps", c10::IValue(eps()));
   archive.write("weight_decay", c10::IValue(weight_decay()));
   archive.write("amsgrad", c10::IValue(amsgrad()));
   archive.write("maximize", c10::IValue(maximize()));
+  archive.write("low_precision_update",
+                c10::IValue(std::string(to_string(low_precision_update()))));
+  // IValue holds int64: the seed's bits, reinterpreted.
+  archive.write("stochastic_rounding_seed",
+                c10::IValue(static_cast<std::int64_t>(stochastic_rounding_seed())));
+  archive.write("fp32_moments", c10::IValue(fp32_moments()));
 }
 
 void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -54,6 +64,14 @@ void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
   amsgrad(read("amsgrad").toBool());
   c10::IValue value;
   maximize(archive.try_read("maximize", value) ? value.toBool() : false);  // absent in AdamW's
+  // Absent in AdamW's archives and in ours before these options: today's nearest rounding.
+  low_precision_update(archive.try_read("low_precision_update", value)
+                           ? parse_low_precision_update(value.toStringRef())
+                           : LowPrecisionUpdate::kNearest);
+  stochastic_rounding_seed(archive.try_read("stochastic_rounding_seed", value)
+                               ? static_cast<std::uint64_t>(value.toInt())
+                               : 0);
+  fp32_moments(archive.try_read("fp32_moments", value) ? value.toBool() : false);
 }
 
 double FusedAdamWOptions::get_lr() const { return lr(); }
@@ -65,6 +83,7 @@ void FusedAdamWParamState::serialize(torch::serialize::OutputArchive& archive) c
   if (exp_avg().defined()) archive.write("exp_avg", exp_avg());
   if (exp_avg_sq().defined()) archive.write("exp_avg_sq", exp_avg_sq());
   if (max_exp_avg_sq().defined()) archive.write("max_exp_avg_sq", max_exp_avg_sq());
+  if (kahan_comp().defined()) archive.write("kahan_comp", kahan_comp());
 }
 
 void FusedAdamWParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -84,6 +103,7 @@ void FusedAdamWParamState::serialize(torch::serialize::InputArchive& archive) {
   exp_avg(read_tensor("exp_avg"));
   exp_avg_sq(read_tensor("exp_avg_sq"));
   max_exp_avg_sq(read_tensor("max_exp_avg_sq"));
+  kahan_comp(read_tensor("kahan_comp"));
 }
 
 // ---- construction ---------------------------------------------------------------------
@@ -98,6 +118,17 @@ void check_options(const FusedAdamWOptions& options) {
   TORCH_CHECK_VALUE(0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
   TORCH_CHECK_VALUE(options.weight_decay() >= 0, "Invalid weight_decay value: ",
                     options.weight_decay());
+}
+
+// The rule a parameter's write takes: only bf16/fp16 parameters have a choice (fp32 results
+// stored in fp32 lose nothing to a rule; fp64 takes the ATen fallback).
+LowPrecisionUpdate effective_rule(const FusedAdamWOptions& options, c10::ScalarType dtype) {
+  return amp::is_low_precision(dtype) ? options.low_precision_update()
+                                      : LowPrecisionUpdate::kNearest;
+}
+
+c10::ScalarType moment_dtype(const FusedAdamWOptions& options, c10::ScalarType param_dtype) {
+  return options.fp32_moments() && amp::is_low_precision(param_dtype) ? at::kFloat : param_dtype;
 }
 
 bool kernel_dtype(c10::ScalarType dtype, detail::KernelDtype* out) {
@@ -214,16 +245,20 @@ void FusedAdamW::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
   // The archive's tensors come back on the CPU, in the dtype they were saved with.
   for (auto& group : param_groups_) {
+    const auto& options = static_cast<const FusedAdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       auto it = state_.find(p.unsafeGetTensorImpl());
       if (it == state_.end()) continue;
       auto& state = static_cast<FusedAdamWParamState&>(*it->second);
       const auto on = p.options().requires_grad(false);
+      const auto moments = on.dtype(moment_dtype(options, p.scalar_type()));
       if (!state.step().defined()) state.step(at::zeros({}, on.dtype(at::kFloat)));
       state.step(state.step().to(on.dtype(at::kFloat)));
-      if (state.exp_avg().defined()) state.exp_avg(state.exp_avg().to(on));
-      if (state.exp_avg_sq().defined()) state.exp_avg_sq(state.exp_avg_sq().to(on));
-      if (state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(state.max_exp_avg_sq().to(on));
+      if (state.exp_avg().defined()) state.exp_avg(state.exp_avg().to(moments));
+      if (state.exp_avg_sq().defined()) state.exp_avg_sq(state.exp_avg_sq().to(moments));
+      if (state.max_exp_avg_sq().defined())
+        state.max_exp_avg_sq(state.max_exp_avg_sq().to(moments));
+      if (state.kahan_comp().defined()) state.kahan_comp(state.kahan_comp().to(on));
     }
   }
 }
@@ -247,20 +282,23 @@ struct Item {
   at::Tensor grad;
   FusedAdamWParamState* state;
   at::Tensor model;  // undefined: no model copy
+  LowPrecisionUpdate rule;
+  std::uint32_t index;  // the parameter's position over all groups: stochastic rounding's key
 };
 
-// One kernel call: same device, param dtype, model dtype.
+// One kernel call: same device, param dtype, model dtype, moment dtype, rule.
 struct BucketKey {
   c10::Device device;
   c10::ScalarType param_dtype;
   c10::ScalarType model_dtype;  // Undefined when no model copy
-  bool operator<(const BucketKey& other) const {
+  c10::ScalarType moment_dtype;
+  LowPrecisionUpdate rule;
+  auto tied() const {
     return std::make_tuple(static_cast<int>(device.type()), device.index(),
-                           static_cast<int>(param_dtype), static_cast<int>(model_dtype)) <
-           std::make_tuple(static_cast<int>(other.device.type()), other.device.index(),
-                           static_cast<int>(other.param_dtype),
-                           static_cast<int>(other.model_dtype));
+                           static_cast<int>(param_dtype), static_cast<int>(model_dtype),
+                           static_cast<int>(moment_dtype), static_cast<int>(rule));
   }
+  bool operator<(const BucketKey& other) const { return tied() < other.tied(); }
 };
 
 // The kernels walk `numel` elements of raw memory, so every buffer must be dense and laid out
@@ -285,9 +323,26 @@ bool kernel_can_run(const Item& item, bool amsgrad) {
   }
   if (!p.is_non_overlapping_and_dense()) return false;
   const auto& s = *item.state;
+  // Moments of the param dtype, or fp32 for a bf16/fp16 param; a Kahan buffer of the param dtype.
+  const auto moments = s.exp_avg().scalar_type();
+  if (moments != p.scalar_type() && moments != at::kFloat) return false;
+  if (s.exp_avg_sq().scalar_type() != moments) return false;
+  if (amsgrad && s.max_exp_avg_sq().scalar_type() != moments) return false;
+  if (item.rule == LowPrecisionUpdate::kKahan && s.kahan_comp().scalar_type() != p.scalar_type()) {
+    return false;
+  }
   return same_dense_layout(p, item.grad) && same_dense_layout(p, s.exp_avg()) &&
          same_dense_layout(p, s.exp_avg_sq()) &&
-         (!amsgrad || same_dense_layout(p, s.max_exp_avg_sq())) && same_dense_layout(p, item.model);
+         (!amsgrad || same_dense_layout(p, s.max_exp_avg_sq())) &&
+         same_dense_layout(p, item.model) &&
+         (item.rule != LowPrecisionUpdate::kKahan || same_dense_layout(p, s.kahan_comp()));
+}
+
+// 1 - beta^step. The rules that promise the same bits on the CPU and on CUDA take
+// pow_by_squaring (the CUDA kernel does the same); nearest keeps std::pow, as AdamW.
+double bias_correction(double beta, double step, LowPrecisionUpdate rule) {
+  if (rule == LowPrecisionUpdate::kNearest) return 1 - std::pow(beta, step);
+  return detail::exact_bias_correction(beta, static_cast<std::uint32_t>(step));
 }
 
 detail::AdamWScalars group_scalars(const FusedAdamWOptions& o, double lr) {
@@ -366,8 +421,8 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
     auto& s = *item.state;
     float* step = s.step().data_ptr<float>();
     *step += 1;
-    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(*step));
-    const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(*step));
+    const double bias_correction1 = bias_correction(beta1, *step, key.rule);
+    const double bias_correction2 = bias_correction(beta2, *step, key.rule);
     detail::AdamWCpuTensor t{};
     t.param = item.param.data_ptr();
     t.grad = item.grad.const_data_ptr();
@@ -378,6 +433,9 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
     t.numel = item.param.numel();
     t.neg_step_size = static_cast<float>(-(lr / bias_correction1));
     t.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    t.kahan_comp = key.rule == LowPrecisionUpdate::kKahan ? s.kahan_comp().data_ptr() : nullptr;
+    t.rng_tensor = item.index;
+    t.rng_step = static_cast<std::uint32_t>(*step);
     tensors.push_back(t);
   }
   detail::AdamWCpuArgs args{};
@@ -387,6 +445,9 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
     TORCH_INTERNAL_ASSERT(kernel_dtype(key.model_dtype, &args.model_dtype));
   }
   args.amsgrad = o.amsgrad();
+  args.rule = key.rule;
+  args.fp32_moments = key.moment_dtype != key.param_dtype;
+  args.seed = o.stochastic_rounding_seed();
   args.scalars = scalars;
   args.tensors = tensors.data();
   args.num_tensors = static_cast<std::int64_t>(tensors.size());
@@ -413,6 +474,20 @@ void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOp
   auto on_device = [&](const at::Tensor& t, c10::ScalarType dtype) {
     return t.defined() ? t.to(key.device, dtype, /*non_blocking=*/true) : t;
   };
+  if (key.rule != LowPrecisionUpdate::kNearest || key.moment_dtype != key.param_dtype) {
+    std::vector<at::Tensor> kahan_comps;
+    std::vector<std::uint32_t> rng_tensors;
+    for (auto& item : items) {
+      if (key.rule == LowPrecisionUpdate::kKahan) kahan_comps.push_back(item.state->kahan_comp());
+      rng_tensors.push_back(item.index);
+    }
+    detail::cuda::fused_adamw_low_precision(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, kahan_comps, rng_tensors, steps,
+        hyper, o.amsgrad(), key.rule, o.stochastic_rounding_seed(),
+        on_device(lr_tensor, at::kDouble), on_device(grad_scale, at::kFloat),
+        on_device(found_inf, at::kFloat));
+    return;
+  }
   detail::cuda::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps,
                             hyper, o.amsgrad(), on_device(lr_tensor, at::kDouble),
                             on_device(grad_scale, at::kFloat), on_device(found_inf, at::kFloat));
@@ -442,9 +517,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       refresh_lr_tensors();
     }
   }
+  std::uint32_t first_index = 0;  // of the group's first parameter, over all groups
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
     auto& group = param_groups_[g];
     const auto& options = static_cast<const FusedAdamWOptions&>(group.options());
+    const auto group_first_index = first_index;
+    first_index += static_cast<std::uint32_t>(group.params().size());
     const at::Tensor lr_tensor = capturable_ ? lr_tensors_[g] : at::Tensor();
     std::map<BucketKey, std::vector<Item>> buckets;
     std::vector<Item> fallback;
@@ -462,27 +540,50 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g, " has no optimizer state yet and the "
                     "step is being captured in a CUDA graph, where making the state (zeros) would run again on every "
                     "replay. Run an eager step first; this parameter got its first gradient inside the capture.");
+        const auto moments = p.options().dtype(moment_dtype(options, p.scalar_type()));
         auto fresh = std::make_unique<FusedAdamWParamState>();
         fresh->step(at::zeros({}, p.options().dtype(at::kFloat).requires_grad(false)));
-        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg(at::zeros_like(p, moments, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(p, moments, at::MemoryFormat::Preserve));
         slot = std::move(fresh);
       }
       auto* state = static_cast<FusedAdamWParamState*>(slot.get());
       if (options.amsgrad() && !state->max_exp_avg_sq().defined()) {
         TORCH_CHECK(!capturing, "FusedAdamW: amsgrad was turned on inside a CUDA graph capture; run an eager step first");
-        state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->max_exp_avg_sq(at::zeros_like(state->exp_avg(), at::MemoryFormat::Preserve));
+      }
+      const auto rule = effective_rule(options, p.scalar_type());
+      if (rule == LowPrecisionUpdate::kKahan && !state->kahan_comp().defined()) {
+        // Also after loading a state saved under another rule: the compensation starts at zero.
+        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g,
+                    " has no kahan_comp yet and the "
+                    "step is being captured in a CUDA graph; run an eager step with "
+                    "low_precision_update=kahan first");
+        state->kahan_comp(at::zeros_like(p, at::MemoryFormat::Preserve));
       }
       at::Tensor model;
       if (auto linked = model_of_.find(p.unsafeGetTensorImpl()); linked != model_of_.end()) {
         model = linked->second;
       }
-      Item item{p, grad, state, model};
+      Item item{p, grad, state, model, rule, group_first_index + static_cast<std::uint32_t>(i)};
+      if (rule != LowPrecisionUpdate::kNearest && !kernel_can_run(item, options.amsgrad()) &&
+          p.is_non_overlapping_and_dense() && !same_dense_layout(p, grad)) {
+        // The compensated rules have no ATen fallback: a gradient laid out unlike its
+        // parameter is copied into the parameter's layout for the kernel.
+        item.grad = at::empty_like(p, at::MemoryFormat::Preserve).copy_(grad);
+      }
       if (kernel_can_run(item, options.amsgrad())) {
         const BucketKey key{p.device(), p.scalar_type(),
-                            model.defined() ? model.scalar_type() : c10::ScalarType::Undefined};
+                            model.defined() ? model.scalar_type() : c10::ScalarType::Undefined,
+                            state->exp_avg().scalar_type(), rule};
         buckets[key].push_back(std::move(item));
       } else {
+        TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest,
+                          "FusedAdamW: low_precision_update=", to_string(rule),
+                          " needs a dense parameter on the CPU or a CUDA device, with "
+                          "its state laid out alike; parameter ",
+                          i, " of group ", g, " is a ", p.scalar_type(), " tensor on ", p.device(),
+                          " with strides ", p.strides());
         fallback.push_back(std::move(item));
       }
     }

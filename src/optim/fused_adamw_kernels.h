@@ -8,19 +8,27 @@
 //   g  = float(grad) [* inv_scale] [negated if maximize]
 //   p  = float(param) * decay                              decay = float(1 - lr * wd)
 //   m  = fma(g, 1 - beta1, float(exp_avg) * beta1)         exp_avg.mul_(b1).add_(g, 1 - b1)
-//   v  = fma((1 - beta2) * g, g, float(exp_avg_sq) * beta2)  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
-//   vm = max(float(max_exp_avg_sq), v)                     amsgrad only
-//   d  = sqrt(v or vm) / sqrt(bc2) + eps
-//   p  = p + (-(lr / bc1) * m) / d                         p.addcdiv_(m, d, -lr / bc1)
+//   v  = fma((1 - beta2) * g, g, float(exp_avg_sq) * beta2)  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 -
+//   b2) vm = max(float(max_exp_avg_sq), v)                     amsgrad only d  = sqrt(v or vm) /
+//   sqrt(bc2) + eps p  = p + (-(lr / bc1) * m) / d                         p.addcdiv_(m, d, -lr /
+//   bc1)
 // and store p, m, v (vm) rounded once to their dtype, plus p rounded to the model's dtype.
 // The two fmas are where ATen's AVX2/AVX512 kernels fuse (its DEFAULT build does not, nor does
 // ours). The one remaining difference from torch::optim::AdamW: ATen's CPU sqrt goes through
 // MKL's vectorized sqrt, which is off by one ulp for about one value in six; ours is IEEE's.
+//
+// bf16/fp16 parameters without masters take one of three writes (LowPrecisionUpdate): nearest
+// rounding (the above), Kahan compensation or stochastic rounding (low_precision_rounding.h).
+// The latter two promise the same bits from every CPU build and from CUDA, so their AdamW
+// arithmetic fuses nothing (the two fmas above become a multiply and an add, on every build)
+// and their bias corrections use pow_by_squaring, not pow. Their moments may be kept in fp32.
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa::optim::detail {
 
@@ -51,12 +59,19 @@ struct AdamWCpuTensor {
   std::int64_t numel;
   float neg_step_size;     // float(-(lr / bias_correction1)) for this tensor's step
   float bias_correction2_sqrt;  // float(sqrt(bias_correction2))
+  void* kahan_comp;             // param dtype; null unless the rule is kKahan
+  std::uint32_t rng_tensor;  // stochastic rounding: the tensor's key (its index in the optimizer)
+  std::uint32_t rng_step;    // stochastic rounding: the step being taken (1 for the first)
 };
 
 struct AdamWCpuArgs {
   KernelDtype param_dtype;
   KernelDtype model_dtype;  // kNone when no tensor has a model copy
   bool amsgrad;
+  // bf16/fp16 params without a model copy only (fp32 params ignore both):
+  LowPrecisionUpdate rule;  // kNearest unless set
+  bool fp32_moments;        // exp_avg, exp_avg_sq, max_exp_avg_sq are fp32, not the param dtype
+  std::uint64_t seed;       // stochastic rounding's Philox key
   AdamWScalars scalars;
   const AdamWCpuTensor* tensors;
   std::int64_t num_tensors;
@@ -109,6 +124,18 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
                  const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
                  const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& lr,
                  const at::Tensor& grad_scale, const at::Tensor& found_inf);
+
+/// The same for bf16/fp16 params without model copies under a low-precision rule: moments of
+/// the param dtype or fp32 (`exp_avgs[0]`'s dtype), Kahan buffers (empty unless kKahan),
+/// stochastic rounding keyed by `seed` and `rng_tensors[i]`. Bitwise equal to the CPU kernel
+/// for kKahan and kStochasticRounding. Never syncs.
+void fused_adamw_low_precision(
+    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+    const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+    const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& kahan_comps,
+    const std::vector<std::uint32_t>& rng_tensors, const std::vector<at::Tensor>& steps,
+    const AdamWCudaHyper& hyper, bool amsgrad, LowPrecisionUpdate rule, std::uint64_t seed,
+    const at::Tensor& lr, const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
 }  // namespace cuda
 #endif

@@ -13,12 +13,15 @@
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/amp/supports_amp_scaling.h>
 #include <mantissa/arg.h>
+#include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa::optim {
 
 /// Settings of `FusedAdamW`: those of `torch::optim::AdamWOptions`, with the same defaults,
-/// plus `maximize`. Python: `torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-/// weight_decay=1e-2, amsgrad=False, maximize=False, fused=True)`.
+/// plus `maximize` and how bf16/fp16 parameters without fp32 masters are updated
+/// (`low_precision_update`, `stochastic_rounding_seed`, `fp32_moments`). Python:
+/// `torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
+/// maximize=False, fused=True)`.
 struct FusedAdamWOptions : public torch::optim::OptimizerCloneableOptions<FusedAdamWOptions> {
   /// The type of `betas`, as `torch::optim::AdamWOptions::betas_t`.
   typedef std::tuple<double, double> betas_t;
@@ -36,6 +39,20 @@ struct FusedAdamWOptions : public torch::optim::OptimizerCloneableOptions<FusedA
   MANTISSA_ARG(bool, amsgrad) = false;
   /// Python: `maximize`: ascend the objective (the gradient's sign is flipped).
   MANTISSA_ARG(bool, maximize) = false;
+  /// How the fp32 result is written into a bfloat16/float16 parameter that has no master
+  /// (see `LowPrecisionUpdate`); fp32 parameters and masters ignore it. `kKahan` adds a buffer
+  /// of the parameter's size and dtype to the state (`kahan_comp`). Python: optimi's
+  /// `kahan_sum=True`, torchao's `bf16_stochastic_round=True`.
+  MANTISSA_ARG(LowPrecisionUpdate, low_precision_update) = LowPrecisionUpdate::kNearest;
+  /// The key of stochastic rounding's random bits. Each element's bits are a pure function of
+  /// (seed, the step count, the parameter's index in the optimizer, the element's index), so a
+  /// run is reproducible whatever the thread count, on the CPU (every instruction set) and on
+  /// CUDA alike, and a resumed run continues bit for bit.
+  MANTISSA_ARG(std::uint64_t, stochastic_rounding_seed) = 0;
+  /// Keep `exp_avg`, `exp_avg_sq` (and `max_exp_avg_sq`) of bfloat16/float16 parameters without
+  /// masters in fp32. Off: in the parameter's dtype, as PyTorch does (the memory-minimal
+  /// layout: 2 bytes per moment instead of 4).
+  MANTISSA_ARG(bool, fp32_moments) = false;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -58,12 +75,17 @@ struct FusedAdamWParamState
   MANTISSA_ARG(at::Tensor, exp_avg_sq);
   /// Python: `state["max_exp_avg_sq"]`, only with amsgrad.
   MANTISSA_ARG(at::Tensor, max_exp_avg_sq);
+  /// The Kahan compensation (parameter's shape and dtype): what rounding lost of the updates so
+  /// far, added to the next one. Only under `LowPrecisionUpdate::kKahan` for bf16/fp16
+  /// parameters. Python: optimi's `state["kahan_comp"]`.
+  MANTISSA_ARG(at::Tensor, kahan_comp);
 
  public:
   /// Writes `step` as an integer (as `torch::optim::AdamW` does, so either optimizer reads the
-  /// other's archive) and the tensors. Syncs (reads `step`).
+  /// other's archive) and the tensors, `kahan_comp` among them when defined. Syncs (reads `step`).
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Reads `step` as an integer (`torch::optim::AdamW`'s archives) or a tensor.
+  /// Reads `step` as an integer (`torch::optim::AdamW`'s archives) or a tensor; a missing
+  /// `kahan_comp` stays undefined (a Kahan step then starts from zero compensation).
   void serialize(torch::serialize::InputArchive& archive) override;
 };
 
@@ -81,6 +103,11 @@ struct FusedAdamWParamState
 /// are read as device tensors; when inf/nan was found nothing is written (parameters, moments,
 /// step counts, model copies) and the host never waits for the device. Without a scaler
 /// (`optimizer.step()`), there is no unscale and no skip, as with any optimizer.
+///
+/// bf16/fp16 parameters without masters (pure low-precision training) are written by the rule
+/// `FusedAdamWOptions::low_precision_update` picks: nearest rounding, Kahan compensation or
+/// stochastic rounding, in the same pass. The latter two give the same bits on every CPU
+/// instruction set and on CUDA.
 ///
 /// Kernels: on the CPU a vectorized (AVX2/AVX512, chosen at run time as ATen does) and
 /// parallel one; on CUDA a multi-tensor kernel (many small tensors per launch). Parameters
@@ -127,11 +154,14 @@ class FusedAdamW : public torch::optim::Optimizer, public mantissa::amp::Support
 
   /// Writes the state in `torch::optim::AdamW`'s archive layout (param groups with their
   /// options; per parameter `step`, `exp_avg`, `exp_avg_sq`, [`max_exp_avg_sq`]), plus
-  /// `maximize` in the options. Syncs.
+  /// `maximize`, `low_precision_update`, `stochastic_rounding_seed` and `fp32_moments` in the
+  /// options and [`kahan_comp`] per parameter. Syncs.
   void save(torch::serialize::OutputArchive& archive) const override;
 
   /// Reads what `save` or `torch::optim::AdamW::save` wrote; the state moves to each
-  /// parameter's device and dtype.
+  /// parameter's device and dtype (moments to fp32 under `fp32_moments`). The options come from
+  /// the archive, as in LibTorch: an archive without the low-precision options loads as
+  /// `kNearest`.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Makes `step()` safe to capture in a CUDA graph: each group's learning rate is then read
