@@ -29,6 +29,7 @@
 #include "device_info.h"
 #include "io/atomic_file.h"
 #include "io/json_reader.h"
+#include "trainer/reporting.h"
 
 namespace mantissa {
 namespace {
@@ -604,6 +605,8 @@ void TrainingArguments::validate() const {
   check_choice("logging_strategy", logging_strategy_);
   check_choice("save_strategy", save_strategy_);
   check_choice("master_weights", master_weights_);
+  detail::parse_report_to(report_to_);  // report_to and run_name: trainer/reporting.h
+  detail::check_run_name(run_name_);
 
   // Precision combinations (HF's texts).
   TORCH_CHECK_VALUE(!(fp16_ && bf16_),

@@ -18,3 +18,4 @@
 #include <mantissa/clip_grad.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/trainer.h>
+#include <mantissa/tensorboard_callback.h>

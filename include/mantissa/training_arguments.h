@@ -77,6 +77,12 @@
   X(bool, logging_nan_inf_filter, true,                                                            \
     "Filter nan and inf losses for logging: a non-finite loss is logged as the average of the "    \
     "finite ones. Does not change the training itself.")                                           \
+  X(std::string, report_to, "none",                                                                \
+    "Where to report logs besides trainer_log.jsonl: none, tensorboard (event files for "          \
+    "tensorboard --logdir), all (every integration mantissa has), or several, comma-separated.")   \
+  X(std::optional<std::string>, run_name, std::nullopt,                                            \
+    "A name for the run; TensorBoard's folder becomes output_dir/runs/<run_name> instead of "      \
+    "runs/<date>_<host>.")                                                                         \
   /* ---- checkpoints ------------------------------------------------------------------ */      \
   X(std::string, save_strategy, "steps",                                                           \
     "The checkpoint save strategy to use: no, steps, epoch or best (save when the evaluation "     \
