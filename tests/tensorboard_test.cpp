@@ -304,6 +304,7 @@ TEST(TensorBoardCallbackTest, ScalarsEqualTheTrainingLog) {
   Trainer trainer(mantissa_test::make_toy_model(), args, mantissa_test::ToyDataset(100),
                   mantissa_test::ToyDataset(40, 3));
   trainer.train();
+  trainer.evaluate();  // after on_train_end: a second file in the same folder
 
   // HF's folder: output_dir/runs/<Mon DD_HH-MM-SS>_<host>, one of them.
   const auto runs = subfolders(io::join_path(dir, "runs"));
@@ -315,7 +316,9 @@ TEST(TensorBoardCallbackTest, ScalarsEqualTheTrainingLog) {
   Events events;
   MANTISSA_READ_EVENTS(events, logdir);
   const auto entries = read_jsonl(io::join_path(dir, "trainer_log.jsonl"));
-  ASSERT_EQ(entries.size(), 6u);  // logs at 4, 8, 12; evaluations at 6, 12; the run's summary
+  // Logs at 4, 8, 12; evaluations at 6 and 12; the run's summary; the evaluation after it.
+  ASSERT_EQ(entries.size(), 7u);
+  EXPECT_EQ(io::list_directory(logdir).size(), 2u);
   EXPECT_EQ(events.scalars, expected_curves(entries));
   for (const char* tag : {"train/loss", "train/learning_rate", "train/grad_norm", "train/epoch",
                           "eval/loss", "eval/accuracy"}) {

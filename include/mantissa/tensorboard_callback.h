@@ -33,6 +33,8 @@ class EventFileWriter;
 ///   `rewrite_logs` does (`train/loss`, `train/learning_rate`, `eval/loss`, ...), and sends it
 ///   to the file before returning. `on_train_end` closes the file; a later log (an
 ///   `evaluate()` after training) opens another one in the same folder.
+/// - `LogEntry` holds numbers only, so every value is a scalar: HF's text for string values and
+///   its warning for other types have nothing to act on here. Like HF, no hparams are written.
 /// - Only the main process writes: nothing happens where the `RANK` environment variable
 ///   (torchrun's) is set to anything but 0.
 /// - A failure to create the folder or write the file never stops training: it is reported

@@ -51,7 +51,9 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
   intervals_ = detail::make_interval_policy(args_);
   // report_to's callbacks come before those the user adds, as in HF.
-  for (auto& callback : detail::make_reporting_callbacks(args_)) callbacks_.add(std::move(callback));
+  for (auto& callback : detail::make_reporting_callbacks(args_)) {
+    callbacks_.add(std::move(callback));
+  }
 }
 
 // ---- setup ----------------------------------------------------------------------------------
