@@ -22,6 +22,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/trainer_callback.h
   include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
+  include/mantissa/tensorboard_callback.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -40,6 +41,9 @@ set(MANTISSA_CXX_SOURCES
   src/io/filesystem.cpp
   src/io/torch_save.cpp
   src/io/json_reader.cpp
+  src/io/tfrecord.cpp
+  src/io/tensorboard_event.cpp
+  src/io/event_file.cpp
   src/lr_scheduler.cpp
   src/clip_grad.cpp
   src/trainer/trainer_state.cpp
@@ -48,6 +52,8 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
   src/trainer/metrics_log.cpp
+  src/trainer/reporting.cpp
+  src/trainer/tensorboard_callback.cpp
   src/trainer/resume_check.cpp
   src/trainer/run_schedule.cpp
   src/trainer/interval_policy.cpp

@@ -152,6 +152,8 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.logging_steps(), 500.0);
   EXPECT_FALSE(a.logging_first_step());
   EXPECT_TRUE(a.logging_nan_inf_filter());
+  EXPECT_EQ(a.report_to(), "none");
+  EXPECT_FALSE(a.run_name().has_value());
   EXPECT_EQ(a.save_strategy(), "steps");
   EXPECT_EQ(a.save_steps(), 500.0);
   EXPECT_FALSE(a.save_total_limit().has_value());
@@ -179,7 +181,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_TRUE(a.dataloader_pin_memory());
   EXPECT_FALSE(a.cuda_graph());
   EXPECT_EQ(a.cuda_graph_warmup_steps(), 3);
-  EXPECT_EQ(field_names().size(), 50u) << "a field was added or removed: update this test, "
+  EXPECT_EQ(field_names().size(), 52u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -307,10 +309,12 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
                                           "2",
                                           "--dataloader_drop_last",
                                           "--disable_tqdm"};
+  // clang-format off
   const std::vector<std::string> argv2 = {
-      "--fp16",       "--fp16_full_eval",          "true", "--use_cpu",
-      "--cuda_graph", "--cuda_graph_warmup_steps", "5",    "--dataloader_pin_memory",
-      "false"};
+      "--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
+      "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false",
+      "--report_to", "tensorboard", "--run_name", "baseline"};
+  // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
   std::set<std::string> seen(argv1.begin(), argv1.end());
@@ -374,6 +378,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_FALSE(b.dataloader_pin_memory());
   EXPECT_TRUE(b.cuda_graph());
   EXPECT_EQ(b.cuda_graph_warmup_steps(), 5);
+  EXPECT_EQ(b.report_to(), "tensorboard");
+  EXPECT_EQ(b.run_name(), std::optional<std::string>("baseline"));
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {

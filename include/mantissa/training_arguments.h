@@ -81,6 +81,12 @@
   X(bool, logging_nan_inf_filter, true,                                                            \
     "Leave losses that are inf or nan out of the logged average (each is counted as the mean "     \
     "of the finite ones); training is unaffected.")                                                \
+  X(std::string, report_to, "none",                                                                \
+    "Where to report logs besides trainer_log.jsonl: none, tensorboard (event files for "          \
+    "tensorboard --logdir), all (every integration mantissa has), or several, comma-separated.")   \
+  X(std::optional<std::string>, run_name, std::nullopt,                                            \
+    "A name for the run; TensorBoard's folder becomes output_dir/runs/<run_name> instead of "      \
+    "runs/<date>_<host>.")                                                                         \
   /* ---- checkpoints ------------------------------------------------------------------ */        \
   X(Choice<SaveStrategy>, save_strategy, SaveStrategy::kSteps,                                     \
     "When to write a checkpoint: never, every save_steps, after each epoch, or when an "           \

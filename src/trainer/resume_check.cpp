@@ -36,7 +36,9 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
                                                   "dataloader_pin_memory",
                                                   "cuda_graph",
                                                   "cuda_graph_warmup_steps",
-                                                  "per_device_eval_batch_size"};
+                                                  "per_device_eval_batch_size",
+                                                  "report_to",
+                                                  "run_name"};
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 

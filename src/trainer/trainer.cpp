@@ -14,6 +14,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/evaluation.h"
 #include "trainer/precision_plan.h"
+#include "trainer/reporting.h"
 #include "trainer/resume_check.h"
 #include "trainer/trainer_impl.h"
 
@@ -49,6 +50,10 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   device_ = args_.device();
   plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
   intervals_ = detail::make_interval_policy(args_);
+  // report_to's callbacks come before those the user adds, as in HF.
+  for (auto& callback : detail::make_reporting_callbacks(args_)) {
+    callbacks_.add(std::move(callback));
+  }
 }
 
 // ---- setup ----------------------------------------------------------------------------------

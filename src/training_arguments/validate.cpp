@@ -10,6 +10,7 @@
 
 #include "checked_math.h"
 #include "device_info.h"
+#include "trainer/reporting.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -89,6 +90,8 @@ void TrainingArguments::validate() const {
 #define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, name##_);
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
+  detail::parse_report_to(report_to_);  // report_to and run_name: trainer/reporting.h
+  detail::check_run_name(run_name_);
 
   // Precision combinations (HF's texts).
   TORCH_CHECK_VALUE(
