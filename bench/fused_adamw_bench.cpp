@@ -58,7 +58,8 @@ double median(std::vector<double> v) {
 
 std::vector<int64_t> split(int64_t n) {
   std::vector<int64_t> sizes;
-  for (int64_t left = n; left > 0; left -= kTensorNumel) sizes.push_back(std::min(left, kTensorNumel));
+  for (int64_t left = n; left > 0; left -= kTensorNumel)
+    sizes.push_back(std::min(left, kTensorNumel));
   return sizes;
 }
 
@@ -209,7 +210,8 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
   MemoryFigure figure{mode, 0, 0};
   {
     torch::nn::Sequential model;
-    for (int i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
+    for (int i = 0; i < layers; ++i)
+      model->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
     const std::string m(mode);
     const bool pure = m.rfind("pure bf16", 0) == 0;
     const bool low = mode == "bf16+masters" || pure;
@@ -233,7 +235,8 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
     for (int step = 0; step < 2; ++step) {
       torch::Tensor loss;
       {
-        mantissa::amp::Autocast autocast(torch::kCPU, torch::kBFloat16, mode == "AMP (bf16 autocast)");
+        mantissa::amp::Autocast autocast(torch::kCPU, torch::kBFloat16,
+                                         mode == "AMP (bf16 autocast)");
         loss = model->forward(x).to(torch::kFloat).pow(2).mean();
       }
       loss.backward();
@@ -244,7 +247,8 @@ MemoryFigure measure_mode(const std::string& mode, int64_t width, int layers) {
     std::unordered_set<const void*> seen;
     int64_t bytes = 0, numel = 0;
     auto add = [&](const torch::Tensor& t) {
-      if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) bytes += t.storage().nbytes();
+      if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+        bytes += t.storage().nbytes();
     };
     for (const auto& p : model->parameters()) {
       numel += p.numel();
@@ -301,17 +305,21 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   namespace d = mantissa::optim::detail;
   const double load = load_average();
-  std::printf("fused AdamW, CPU: %d threads, kernel %s (ATen capability %s), %d repeats (median), load average %.2f\n",
-              at::get_num_threads(), d::fused_adamw_cpu_capability(), at::get_cpu_capability().c_str(),
-              repeats, load);
+  std::printf(
+      "fused AdamW, CPU: %d threads, kernel %s (ATen capability %s), %d repeats (median), load "
+      "average %.2f\n",
+      at::get_num_threads(), d::fused_adamw_cpu_capability(), at::get_cpu_capability().c_str(),
+      repeats, load);
 
-  std::string json = "{\"bench\":\"fused_adamw_cpu\",\"threads\":" + std::to_string(at::get_num_threads()) +
-                     ",\"kernel\":\"" + d::fused_adamw_cpu_capability() + "\",\"load_average\":" +
-                     std::to_string(load) + ",\"sizes\":[";
+  std::string json =
+      "{\"bench\":\"fused_adamw_cpu\",\"threads\":" + std::to_string(at::get_num_threads()) +
+      ",\"kernel\":\"" + d::fused_adamw_cpu_capability() +
+      "\",\"load_average\":" + std::to_string(load) + ",\"sizes\":[";
   for (size_t si = 0; si < sizes_m.size(); ++si) {
     const int64_t n = sizes_m[si] * 1000 * 1000;
     FusedPath fused(n);
-    GradScaler scaler(mantissa::amp::GradScalerOptions().init_scale(1024.).growth_interval(1 << 30));
+    GradScaler scaler(
+        mantissa::amp::GradScalerOptions().init_scale(1024.).growth_interval(1 << 30));
     scaler.scale(torch::ones({}));  // creates the scale on the CPU
     fused.boundary(scaler, true);   // creates the optimizer state the unfused view shares
     UnfusedView state(fused);
@@ -344,13 +352,16 @@ int main(int argc, char** argv) {
       // In place, as the optimizer writes: no read-for-ownership of a cold destination.
       once["inplace"] = seconds_of([&] { copy_src.mul_(1.0f); });
       once["grad_cast"] = seconds_of([&] {
-        for (size_t i = 0; i < state.model.size(); ++i) state.master_grads[i].copy_(state.model_grads[i]);
+        for (size_t i = 0; i < state.model.size(); ++i)
+          state.master_grads[i].copy_(state.model_grads[i]);
       });
       once["inf_check"] = seconds_of([&] {
         auto found_inf = torch::zeros({1});
-        at::_amp_foreach_non_finite_check_and_unscale_(state.master_grads, found_inf, torch::ones({1}));
+        at::_amp_foreach_non_finite_check_and_unscale_(state.master_grads, found_inf,
+                                                       torch::ones({1}));
       });
-      once["memcpy"] = seconds_of([&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), copy_src.nbytes()); });
+      once["memcpy"] = seconds_of(
+          [&] { std::memcpy(copy_dst.data_ptr(), copy_src.data_ptr(), copy_src.nbytes()); });
       if (r >= 0) {
         for (const auto& [k, v] : once) t[k].push_back(v);
       }
@@ -365,26 +376,36 @@ int main(int argc, char** argv) {
     const double inplace_gbps = gbps(fused_kernel_bytes, med["inplace"]);
     std::printf("\n%lldM parameters (bf16 model, fp32 masters, %zu tensors)\n",
                 static_cast<long long>(sizes_m[si]), state.model.size());
-    std::printf("  boundary (grad cast + inf check/unscale + AdamW + cast back): unfused %8.1f ms  fused %8.1f ms  ratio %.2fx\n",
-                1e3 * med["unfused_boundary"], 1e3 * med["fused_boundary"], boundary_ratio);
-    std::printf("  update   (unscale + AdamW + cast back):                      unfused %8.1f ms  fused %8.1f ms  ratio %.2fx\n",
-                1e3 * med["unfused_update"], 1e3 * med["fused_update"], update_ratio);
-    std::printf("  of which grad cast %.1f ms, GradScaler's inf check %.1f ms (ATen ops, same on both sides)\n",
-                1e3 * med["grad_cast"], 1e3 * med["inf_check"]);
-    std::printf("  fused update moves 30 B/param: %.1f GB/s = %.0f%% of at::copy_ (%.1f GB/s), %.0f%% of in-place at::mul_ (%.1f GB/s); memcpy, 1 thread: %.1f GB/s\n",
-                fused_gbps, 100 * fused_gbps / copy_gbps, copy_gbps, 100 * fused_gbps / inplace_gbps, inplace_gbps,
-                memcpy_gbps);
+    std::printf(
+        "  boundary (grad cast + inf check/unscale + AdamW + cast back): unfused %8.1f ms  fused "
+        "%8.1f ms  ratio %.2fx\n",
+        1e3 * med["unfused_boundary"], 1e3 * med["fused_boundary"], boundary_ratio);
+    std::printf(
+        "  update   (unscale + AdamW + cast back):                      unfused %8.1f ms  fused "
+        "%8.1f ms  ratio %.2fx\n",
+        1e3 * med["unfused_update"], 1e3 * med["fused_update"], update_ratio);
+    std::printf(
+        "  of which grad cast %.1f ms, GradScaler's inf check %.1f ms (ATen ops, same on both "
+        "sides)\n",
+        1e3 * med["grad_cast"], 1e3 * med["inf_check"]);
+    std::printf(
+        "  fused update moves 30 B/param: %.1f GB/s = %.0f%% of at::copy_ (%.1f GB/s), %.0f%% of "
+        "in-place at::mul_ (%.1f GB/s); memcpy, 1 thread: %.1f GB/s\n",
+        fused_gbps, 100 * fused_gbps / copy_gbps, copy_gbps, 100 * fused_gbps / inplace_gbps,
+        inplace_gbps, memcpy_gbps);
 
     // Each CPU kernel build this machine can run, on the same data (no unscale, fp32 + bf16 copy).
-    std::vector<std::pair<std::string, void (*)(const d::AdamWCpuArgs&)>> kernels{{"DEFAULT", &d::DEFAULT::fused_adamw_cpu}};
+    std::vector<std::pair<std::string, void (*)(const d::AdamWCpuArgs&)>> kernels{
+        {"DEFAULT", &d::DEFAULT::fused_adamw_cpu}};
     const std::string capability = at::get_cpu_capability();
-    if (capability == "AVX2" || capability == "AVX512") kernels.emplace_back("AVX2", &d::AVX2::fused_adamw_cpu);
+    if (capability == "AVX2" || capability == "AVX512")
+      kernels.emplace_back("AVX2", &d::AVX2::fused_adamw_cpu);
     if (capability == "AVX512") kernels.emplace_back("AVX512", &d::AVX512::fused_adamw_cpu);
     std::vector<d::AdamWCpuTensor> tensors;
     for (size_t i = 0; i < state.masters.size(); ++i) {
-      tensors.push_back({state.masters[i].data_ptr(), state.master_grads[i].data_ptr(), state.exp_avgs[i].data_ptr(),
-                         state.exp_avg_sqs[i].data_ptr(), nullptr, state.model[i].data_ptr(),
-                         state.masters[i].numel(), -1e-3f, 1.f});
+      tensors.push_back({state.masters[i].data_ptr(), state.master_grads[i].data_ptr(),
+                         state.exp_avgs[i].data_ptr(), state.exp_avg_sqs[i].data_ptr(), nullptr,
+                         state.model[i].data_ptr(), state.masters[i].numel(), -1e-3f, 1.f});
     }
     d::AdamWCpuArgs args{};
     args.param_dtype = d::KernelDtype::kFloat;
@@ -401,7 +422,8 @@ int main(int argc, char** argv) {
       }
       const double gb = gbps(fused_kernel_bytes, median(times));
       std::printf("  kernel %-7s %8.1f ms  %5.1f GB/s\n", name.c_str(), 1e3 * median(times), gb);
-      kernel_json += std::string(kernel_json.empty() ? "" : ",") + "\"" + name + "\":" + std::to_string(gb);
+      kernel_json +=
+          std::string(kernel_json.empty() ? "" : ",") + "\"" + name + "\":" + std::to_string(gb);
     }
     char buffer[2048];
     std::snprintf(buffer, sizeof(buffer),
@@ -457,8 +479,8 @@ int main(int argc, char** argv) {
       std::printf("  %-20s tensors %5.2f B  resident set %5.2f B\n", mode, f.tensor_bytes_per_param,
                   f.rss_bytes_per_param);
       char buffer[256];
-      std::snprintf(buffer, sizeof(buffer), "%s\"%s\":{\"tensors\":%.2f,\"rss\":%.2f}", first ? "" : ",", mode,
-                    f.tensor_bytes_per_param, f.rss_bytes_per_param);
+      std::snprintf(buffer, sizeof(buffer), "%s\"%s\":{\"tensors\":%.2f,\"rss\":%.2f}",
+                    first ? "" : ",", mode, f.tensor_bytes_per_param, f.rss_bytes_per_param);
       json += buffer;
       first = false;
     }

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "io/filesystem.h"
 #include <mantissa/tensorboard_callback.h>
+#include "io/filesystem.h"
 
 #include "trainer/metrics_log.h"
 

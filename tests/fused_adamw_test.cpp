@@ -69,17 +69,21 @@ void set_grads(std::vector<torch::Tensor>& params, const std::vector<torch::Tens
   for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].clone();
 }
 
-std::vector<torch::Tensor> random_grads(const std::vector<torch::Tensor>& params, double scale = 1.0) {
+std::vector<torch::Tensor> random_grads(const std::vector<torch::Tensor>& params,
+                                        double scale = 1.0) {
   std::vector<torch::Tensor> grads;
-  for (const auto& p : params) grads.push_back((torch::randn(p.sizes()) * scale).to(p.scalar_type()));
+  for (const auto& p : params)
+    grads.push_back((torch::randn(p.sizes()) * scale).to(p.scalar_type()));
   return grads;
 }
 
 const FusedAdamWParamState& fused_state(const FusedAdamW& opt, const torch::Tensor& p) {
   return static_cast<const FusedAdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
 }
-const torch::optim::AdamWParamState& adamw_state(const torch::optim::AdamW& opt, const torch::Tensor& p) {
-  return static_cast<const torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+const torch::optim::AdamWParamState& adamw_state(const torch::optim::AdamW& opt,
+                                                 const torch::Tensor& p) {
+  return static_cast<const torch::optim::AdamWParamState&>(
+      *opt.state().at(p.unsafeGetTensorImpl()));
 }
 
 TEST(FusedAdamWTest, DefaultsAreAdamWs) {
@@ -102,14 +106,23 @@ TEST(FusedAdamWTest, RejectsBadOptionsNamingTheValue) {
               ThrowsMessage<c10::ValueError>(HasSubstr("Invalid learning rate: -1")));
   EXPECT_THAT([&] { FusedAdamW({p}, FusedAdamWOptions().eps(-1e-3)); },
               ThrowsMessage<c10::ValueError>(HasSubstr("Invalid epsilon value: -0.001")));
-  EXPECT_THAT([&] { FusedAdamW({p}, FusedAdamWOptions().betas({1.0, 0.9})); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("Invalid beta parameter at index 0: 1")));
-  EXPECT_THAT([&] { FusedAdamW({p}, FusedAdamWOptions().betas({0.9, -0.1})); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("Invalid beta parameter at index 1: -0.1")));
+  EXPECT_THAT(
+      [&] {
+        FusedAdamW({p}, FusedAdamWOptions().betas({1.0, 0.9}));
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("Invalid beta parameter at index 0: 1")));
+  EXPECT_THAT(
+      [&] {
+        FusedAdamW({p}, FusedAdamWOptions().betas({0.9, -0.1}));
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("Invalid beta parameter at index 1: -0.1")));
   EXPECT_THAT([&] { FusedAdamW({p}, FusedAdamWOptions().weight_decay(-2)); },
               ThrowsMessage<c10::ValueError>(HasSubstr("Invalid weight_decay value: -2")));
-  EXPECT_THAT([&] { FusedAdamW({p, torch::ones({2}, torch::kInt)}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("parameter 1 of group 0 is Int")));
+  EXPECT_THAT(
+      [&] {
+        FusedAdamW({p, torch::ones({2}, torch::kInt)});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("parameter 1 of group 0 is Int")));
 }
 
 // The first test: fp32 params equal torch::optim::AdamW to 1e-6 over 100 steps with
@@ -128,12 +141,16 @@ TEST(FusedAdamWTest, Fp32MatchesLibTorchAdamWOver100Steps) {
                           std::make_unique<decltype(options_b)>(options_b));
       return groups;
     };
-    FusedAdamW fused(make_groups(fused_params,
-                                 FusedAdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad),
-                                 FusedAdamWOptions(3e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(0.02).amsgrad(amsgrad)));
-    torch::optim::AdamW reference(make_groups(ref_params,
-                                              torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad),
-                                              torch::optim::AdamWOptions(3e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(0.02).amsgrad(amsgrad)));
+    FusedAdamW fused(make_groups(
+        fused_params, FusedAdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad),
+        FusedAdamWOptions(3e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(0.02).amsgrad(amsgrad)));
+    torch::optim::AdamW reference(
+        make_groups(ref_params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad),
+                    torch::optim::AdamWOptions(3e-3)
+                        .betas({0.8, 0.99})
+                        .eps(1e-6)
+                        .weight_decay(0.02)
+                        .amsgrad(amsgrad)));
     double worst = 0;
     for (int step = 0; step < 100; ++step) {
       const auto grads = random_grads(fused_params, step % 7 == 0 ? 1e-3 : 1.0);
@@ -141,7 +158,8 @@ TEST(FusedAdamWTest, Fp32MatchesLibTorchAdamWOver100Steps) {
       set_grads(ref_params, grads);
       fused.step();
       reference.step();
-      for (size_t i = 0; i < fused_params.size(); ++i) worst = std::max(worst, max_abs_diff(fused_params[i], ref_params[i]));
+      for (size_t i = 0; i < fused_params.size(); ++i)
+        worst = std::max(worst, max_abs_diff(fused_params[i], ref_params[i]));
     }
     EXPECT_LE(worst, 1e-6) << "max |fused - AdamW| over 100 steps";
     for (size_t i = 0; i < fused_params.size(); ++i) {
@@ -215,7 +233,8 @@ TEST(FusedAdamWTest, FallbackForOddLayoutsAndFp64) {
   torch::manual_seed(3);
   auto base = torch::randn({8, 12});
   auto strided = base.slice(/*dim=*/1, 0, 6).detach().requires_grad_(true);  // not dense
-  auto transposed = leaf(torch::randn({5, 9})).t().detach().requires_grad_(true);  // dense, grad contiguous
+  auto transposed =
+      leaf(torch::randn({5, 9})).t().detach().requires_grad_(true);  // dense, grad contiguous
   auto fp64 = leaf(torch::randn({13}, torch::kDouble));
   std::vector<torch::Tensor> params{strided, transposed, fp64};
   std::vector<torch::Tensor> ref{leaf(strided), leaf(transposed), leaf(fp64)};
@@ -252,7 +271,8 @@ TEST(FusedAdamWTest, InjectedInfMakesTheStepANoOp) {
   scaler.scale(torch::ones({}));  // the scale lives on the CPU from here on
   auto train_step = [&](bool inject) {
     masters.zero_grad();
-    for (auto& p : model_params) p.mutable_grad() = (torch::randn(p.sizes()) * 256).to(p.scalar_type());
+    for (auto& p : model_params)
+      p.mutable_grad() = (torch::randn(p.sizes()) * 256).to(p.scalar_type());
     if (inject) model_params[2].mutable_grad()[1][2] = kNan;
     masters.copy_grads_to_masters();
     scaler.step(fused);
@@ -343,7 +363,8 @@ TEST(FusedAdamWTest, Bf16ModelWithMastersMatchesMasterWeightsAndAdamW) {
     MasterWeights ref_masters(ref_model);
     FusedAdamW fused(fused_masters, FusedAdamWOptions(1e-3).weight_decay(0.01));
     EXPECT_TRUE(fused.writes_back_to_model());
-    torch::optim::AdamW reference(ref_masters.master_params(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    torch::optim::AdamW reference(ref_masters.master_params(),
+                                  torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
     for (int step = 0; step < 50; ++step) {
       const auto grads = random_grads(fused_model);
       set_grads(fused_model, grads);
@@ -355,7 +376,9 @@ TEST(FusedAdamWTest, Bf16ModelWithMastersMatchesMasterWeightsAndAdamW) {
       ref_masters.copy_masters_to_model();
     }
     for (size_t i = 0; i < fused_model.size(); ++i) {
-      EXPECT_LE(max_abs_diff(fused_masters.master_params()[i], ref_masters.master_params()[i]), 1e-6) << i;
+      EXPECT_LE(max_abs_diff(fused_masters.master_params()[i], ref_masters.master_params()[i]),
+                1e-6)
+          << i;
       EXPECT_TRUE(torch::equal(fused_model[i], fused_masters.master_params()[i].to(dtype)))
           << "the model holds its master, rounded once: " << i;
       // Masters that differ by an ulp of fp32 round to the same bf16 except at a tie edge.
@@ -386,7 +409,8 @@ TEST(FusedAdamWTest, PureLowPrecisionParamsAreUpdatedInFp32AndRoundedOnce) {
         EXPECT_TRUE(torch::equal(low[i], wide[i].to(dtype))) << "step " << step << " tensor " << i;
         const auto& ls = fused_state(fused_low, low[i]);
         const auto& ws = fused_state(fused_wide, wide[i]);
-        EXPECT_EQ(ls.exp_avg().scalar_type(), dtype) << "pure mode keeps moments in the param dtype";
+        EXPECT_EQ(ls.exp_avg().scalar_type(), dtype)
+            << "pure mode keeps moments in the param dtype";
         EXPECT_TRUE(torch::equal(ls.exp_avg(), ws.exp_avg().to(dtype)));
         EXPECT_TRUE(torch::equal(ls.exp_avg_sq(), ws.exp_avg_sq().to(dtype)));
         // Re-sync the wide run to the rounded values, so that each step starts equal.
@@ -417,12 +441,17 @@ TEST(FusedAdamWTest, LinkingChecksThePairs) {
   auto model = leaf(torch::randn({3}).to(torch::kBFloat16));
   FusedAdamW opt({master});
   EXPECT_FALSE(opt.writes_back_to_model());
-  EXPECT_THAT([&] { opt.link_model_params({master}, {model, model}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("1 params but 2 model params")));
-  EXPECT_THAT([&] { opt.link_model_params({master}, {leaf(torch::randn({4}).to(torch::kBFloat16))}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("pair 0 differs in shape or device")));
-  EXPECT_THAT([&] { opt.link_model_params({master}, {leaf(torch::randn({3}, torch::kDouble))}); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("model param 0 must be bfloat16 or float16")));
+  EXPECT_THAT(
+      [&] {
+        opt.link_model_params({master}, {model, model});
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("1 params but 2 model params")));
+  EXPECT_THAT(
+      [&] { opt.link_model_params({master}, {leaf(torch::randn({4}).to(torch::kBFloat16))}); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("pair 0 differs in shape or device")));
+  EXPECT_THAT(
+      [&] { opt.link_model_params({master}, {leaf(torch::randn({3}, torch::kDouble))}); },
+      ThrowsMessage<c10::ValueError>(HasSubstr("model param 0 must be bfloat16 or float16")));
   opt.link_model_params({master}, {model});
   EXPECT_TRUE(opt.writes_back_to_model());
   master.mutable_grad() = torch::ones({3});
@@ -437,10 +466,12 @@ TEST(FusedAdamWTest, ParameterGroupsFromMastersFor) {
   model->to(torch::kBFloat16);
   MasterWeights masters(*model);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(masters.masters_for({model->weight}),
-                      std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(1e-2).weight_decay(0.1)));
-  groups.emplace_back(masters.masters_for({model->bias}),
-                      std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(1e-2).weight_decay(0.0)));
+  groups.emplace_back(
+      masters.masters_for({model->weight}),
+      std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(1e-2).weight_decay(0.1)));
+  groups.emplace_back(
+      masters.masters_for({model->bias}),
+      std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(1e-2).weight_decay(0.0)));
   FusedAdamW opt(std::move(groups));
   opt.link_model_params(masters);
   model->forward(torch::randn({4, 16}, torch::kBFloat16)).to(torch::kFloat).sum().backward();
@@ -470,8 +501,9 @@ TEST(FusedAdamWTest, EveryBuiltCpuKernelAgrees) {
   for (auto kernel : kernels) {
     auto p = p0.clone(), m = m0.clone(), v = v0.clone();
     auto model = torch::empty({n}, torch::kBFloat16);
-    d::AdamWCpuTensor t{p.data_ptr(), g0.data_ptr(), m.data_ptr(), v.data_ptr(), nullptr,
-                        model.data_ptr(), n, -0.01f, 0.5f};
+    d::AdamWCpuTensor t{
+        p.data_ptr(), g0.data_ptr(), m.data_ptr(), v.data_ptr(), nullptr, model.data_ptr(), n,
+        -0.01f,       0.5f};
     d::AdamWCpuArgs args{};
     args.param_dtype = d::KernelDtype::kFloat;
     args.model_dtype = d::KernelDtype::kBFloat16;
@@ -562,7 +594,7 @@ TEST(FusedAdamWTest, LrTensorsFollowTheOptionsOnlyWhenRefreshed) {
   opt.param_groups()[0].options().set_lr(0.5);
   EXPECT_EQ(tensor.item<double>(), 1e-3);  // a replayed graph would still see 1e-3 ...
   opt.refresh_lr_tensors();
-  EXPECT_EQ(tensor.item<double>(), 0.5);   // ... until this, which writes the same memory
+  EXPECT_EQ(tensor.item<double>(), 0.5);  // ... until this, which writes the same memory
   EXPECT_TRUE(opt.lr_tensor(0).is_same(tensor));
   opt.add_param_group(torch::optim::OptimizerParamGroup({leaf(torch::randn({3}))}));
   opt.refresh_lr_tensors();
@@ -586,7 +618,8 @@ TEST(FusedAdamWTest, CheckpointRoundTripContinuesIdentically) {
           torch::nn::Linear(16, 3));
       model->to(torch::kBFloat16);
       masters = std::make_unique<MasterWeights>(*model);
-      optimizer = std::make_unique<FusedAdamW>(*masters, FusedAdamWOptions(1e-2).weight_decay(0.05));
+      optimizer =
+          std::make_unique<FusedAdamW>(*masters, FusedAdamWOptions(1e-2).weight_decay(0.05));
     }
     void step(const torch::Tensor& x, const torch::Tensor& y, bool inject_inf) {
       masters->zero_grad();
@@ -646,7 +679,9 @@ TEST(FusedAdamWTest, CheckpointRoundTripContinuesIdentically) {
     resumed.step(data[i].first, data[i].second, i == 8);
   }
   for (size_t i = 0; i < straight.masters->master_params().size(); ++i) {
-    EXPECT_TRUE(torch::equal(straight.masters->master_params()[i], resumed.masters->master_params()[i])) << i;
+    EXPECT_TRUE(
+        torch::equal(straight.masters->master_params()[i], resumed.masters->master_params()[i]))
+        << i;
     EXPECT_TRUE(torch::equal(straight.model->parameters()[i], resumed.model->parameters()[i])) << i;
   }
   EXPECT_EQ(straight.scaler.get_scale(), resumed.scaler.get_scale());
@@ -703,7 +738,8 @@ TEST(FusedAdamWTest, ArchivesInterchangeWithLibTorchAdamW) {
       set_grads(params, grads[i]);
       b->step();
     }
-    for (size_t i = 0; i < params.size(); ++i) EXPECT_LE(max_abs_diff(params[i], straight[i]), 1e-6) << i;
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_LE(max_abs_diff(params[i], straight[i]), 1e-6) << i;
   }
 }
 
@@ -757,7 +793,8 @@ void compare_cuda_with_cpu(torch::Dtype param_dtype, bool with_masters, bool ams
   // double pow may differ in its last bit between glibc and CUDA. A stored bf16/fp16 value then
   // lands one ulp of its dtype away, rarely.
   auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
-    const double rtol = a.scalar_type() == torch::kFloat ? 1e-5 : (a.scalar_type() == torch::kHalf ? 2e-3 : 1e-2);
+    const double rtol =
+        a.scalar_type() == torch::kFloat ? 1e-5 : (a.scalar_type() == torch::kHalf ? 2e-3 : 1e-2);
     return torch::allclose(a.to(torch::kFloat), b.cpu().to(torch::kFloat), rtol, 1e-6);
   };
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -814,7 +851,8 @@ TEST(FusedAdamWCudaTest, SkipsOnDeviceFoundInfAndMatchesAdamW) {
   for (int step = 0; step < 10; ++step) {
     const auto grads = random_grads(params);
     set_grads(params, grads);
-    for (size_t i = 0; i < gpu.size(); ++i) gpu[i].mutable_grad() = (grads[i] * scaler.get_scale()).cuda();
+    for (size_t i = 0; i < gpu.size(); ++i)
+      gpu[i].mutable_grad() = (grads[i] * scaler.get_scale()).cuda();
     if (step == 4) gpu[3].mutable_grad()[17] = kNan;
     if (step != 4) reference.step();
     scaler.step(fused);
@@ -891,7 +929,8 @@ TEST(FusedAdamWCudaTest, CapturedStepReplaysWithTheCurrentRateBitForBit) {
   EXPECT_EQ(graph_scaler.skipped_steps(), 1);
   for (size_t i = 0; i < eager_params.size(); ++i) {
     EXPECT_TRUE(torch::equal(eager_params[i], graph_params[i])) << "tensor " << i;
-    EXPECT_EQ(fused_state(graphed, graph_params[i]).step().item<float>(), 6.f);  // 1 + 6 - 1 skipped
+    EXPECT_EQ(fused_state(graphed, graph_params[i]).step().item<float>(),
+              6.f);  // 1 + 6 - 1 skipped
   }
 #endif
 }

@@ -21,9 +21,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "io/filesystem.h"
 #include <mantissa/tensorboard_callback.h>
 #include <mantissa/trainer.h>
+#include "io/filesystem.h"
 
 #include "io/event_file.h"
 #include "io/protobuf_wire.h"

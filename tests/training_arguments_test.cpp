@@ -153,6 +153,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.logging_first_step());
   EXPECT_TRUE(a.logging_nan_inf_filter());
   EXPECT_EQ(a.report_to(), "none");
+  EXPECT_EQ(a.low_precision_update(), "auto");
   EXPECT_FALSE(a.run_name().has_value());
   EXPECT_EQ(a.save_strategy(), "steps");
   EXPECT_EQ(a.save_steps(), 500.0);
@@ -181,7 +182,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_TRUE(a.dataloader_pin_memory());
   EXPECT_FALSE(a.cuda_graph());
   EXPECT_EQ(a.cuda_graph_warmup_steps(), 3);
-  EXPECT_EQ(field_names().size(), 52u) << "a field was added or removed: update this test, "
+  EXPECT_EQ(field_names().size(), 53u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -313,7 +314,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   const std::vector<std::string> argv2 = {
       "--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
       "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false",
-      "--report_to", "tensorboard", "--run_name", "baseline"};
+      "--report_to", "tensorboard", "--run_name", "baseline",
+      "--low_precision_update", "stochastic_rounding"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -380,6 +382,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.cuda_graph_warmup_steps(), 5);
   EXPECT_EQ(b.report_to(), "tensorboard");
   EXPECT_EQ(b.run_name(), std::optional<std::string>("baseline"));
+  EXPECT_EQ(b.low_precision_update(), mantissa::LowPrecisionUpdateMode::kStochasticRounding);
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {

@@ -45,6 +45,7 @@ struct ProgramFlags {
   double val_fraction = 0.05;
   std::string model_size = "tiny";
   std::int64_t sample_chars = 200;
+  std::string model_dtype = "fp32";
   GptConfig overrides;  // applied only for the flags given
   CLI::Option* n_layer = nullptr;
   CLI::Option* n_head = nullptr;
@@ -52,6 +53,7 @@ struct ProgramFlags {
   CLI::Option* block_size = nullptr;
 
   void add_to(CLI::App& app) {
+    mantissa::examples::add_model_dtype_option(app, model_dtype);
     app.add_option("--corpus", corpus, "UTF-8 text file (plain or .gz) to train on")
         ->capture_default_str();
     app.add_option("--max_corpus_chars", max_corpus_chars,
@@ -123,6 +125,7 @@ int main(int argc, char** argv) try {
 
   torch::manual_seed(static_cast<std::uint64_t>(args.seed()));
   CharGpt model(config);
+  model->to(mantissa::examples::model_dtype_of(flags.model_dtype));
   std::int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
   std::printf(

@@ -2,6 +2,9 @@
 // The command line of an example trainer: Hugging Face's TrainingArguments flags plus the
 // program's own flags, declared with CLI11.
 
+#include <string>
+
+#include <c10/core/ScalarType.h>
 #include <CLI/CLI.hpp>
 
 #include <mantissa/training_arguments.h>
@@ -16,5 +19,13 @@ namespace mantissa::examples {
 ///
 /// Python: `HfArgumentParser((ProgramArguments, TrainingArguments)).parse_args_into_dataclasses()`.
 TrainingArguments parse_example_flags(CLI::App& app, int argc, char** argv);
+
+/// Adds `--model_dtype fp32|bf16|fp16` to `app`, stored in `model_dtype` ("fp32" unless given):
+/// the dtype the model's parameters are cast to before training. Python: the `dtype` of HF's
+/// `from_pretrained(..., dtype=torch.bfloat16)`.
+void add_model_dtype_option(CLI::App& app, std::string& model_dtype);
+
+/// The dtype a `--model_dtype` spelling names (`add_model_dtype_option` checked it).
+c10::ScalarType model_dtype_of(const std::string& model_dtype);
 
 }  // namespace mantissa::examples

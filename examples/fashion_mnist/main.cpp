@@ -30,12 +30,15 @@ int main(int argc, char** argv) try {
   std::string data_dir = mantissa::examples::kFashionMnistDir;
   app.add_option("--data_dir", data_dir, "Folder holding the four Fashion-MNIST *-ubyte.gz files")
       ->capture_default_str();
+  std::string model_dtype = "fp32";
+  mantissa::examples::add_model_dtype_option(app, model_dtype);
   const auto args = mantissa::examples::parse_example_flags(app, argc, argv);
 
   FashionMnist train(data_dir, FashionMnist::Split::kTrain);
   FashionMnist test(data_dir, FashionMnist::Split::kTest);
   torch::manual_seed(static_cast<uint64_t>(args.seed()));
   FashionCnn model;
+  model->to(mantissa::examples::model_dtype_of(model_dtype));
 
   mantissa::Trainer trainer(model, args, std::move(train), std::move(test));
   const auto result = trainer.train();

@@ -47,6 +47,15 @@ enum class MasterWeightsMode {
   kOff,   ///< "off": update bf16 parameters in place (pure low precision)
 };
 
+/// `--low_precision_update` (mantissa): how a bf16/fp16 model without master copies writes each
+/// update (`optim::LowPrecisionUpdate`, chosen by `kAuto` or named).
+enum class LowPrecisionUpdateMode {
+  kAuto,                ///< "auto": kahan with mantissa's FusedAdamW, else nearest
+  kNearest,             ///< "nearest": round to nearest (updates below half an ulp are lost)
+  kKahan,               ///< "kahan": carry the rounding error to the next step in a buffer
+  kStochasticRounding,  ///< "stochastic_rounding": round up or down at random, right on average
+};
+
 template <>
 struct ChoiceTraits<OptimizerNames> {
   static constexpr const char* enum_name = "OptimizerNames";
@@ -78,6 +87,12 @@ struct ChoiceTraits<MasterWeightsMode> {
   static constexpr const char* names[] = {"auto", "on", "off"};
 };
 
+template <>
+struct ChoiceTraits<LowPrecisionUpdateMode> {
+  static constexpr const char* enum_name = "LowPrecisionUpdateMode";
+  static constexpr const char* names[] = {"auto", "nearest", "kahan", "stochastic_rounding"};
+};
+
 // Each enum has one spelling per enumerator.
 static_assert(Choice<OptimizerNames>::size() == static_cast<int>(OptimizerNames::kSgd) + 1);
 static_assert(Choice<SchedulerType>::size() ==
@@ -85,5 +100,7 @@ static_assert(Choice<SchedulerType>::size() ==
 static_assert(Choice<IntervalStrategy>::size() == static_cast<int>(IntervalStrategy::kEpoch) + 1);
 static_assert(Choice<SaveStrategy>::size() == static_cast<int>(SaveStrategy::kBest) + 1);
 static_assert(Choice<MasterWeightsMode>::size() == static_cast<int>(MasterWeightsMode::kOff) + 1);
+static_assert(Choice<LowPrecisionUpdateMode>::size() ==
+              static_cast<int>(LowPrecisionUpdateMode::kStochasticRounding) + 1);
 
 }  // namespace mantissa

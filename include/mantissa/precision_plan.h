@@ -5,6 +5,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <mantissa/optim/low_precision_update.h>
+
 namespace mantissa {
 
 /// Which tensors the optimizer updates.
@@ -34,6 +36,9 @@ struct PrecisionPlan {
   std::optional<double> static_loss_scale;
   /// Which tensors the optimizer updates.
   WeightsMode weights = WeightsMode::kModelWeights;
+  /// With `kPureLowPrecision`: how the optimizer writes each update into the bf16/fp16
+  /// weights (`FusedAdamWOptions::low_precision_update`); `kNearest` otherwise.
+  optim::LowPrecisionUpdate low_precision_update = optim::LowPrecisionUpdate::kNearest;
   /// TF32 for fp32 matmuls/convs: set by `--tf32`, unset leaves LibTorch's setting alone.
   std::optional<bool> tf32;
 

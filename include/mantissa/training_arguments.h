@@ -117,6 +117,11 @@
   X(Choice<MasterWeightsMode>, master_weights, MasterWeightsMode::kAuto,                           \
     "fp32 master copies of the parameters: auto keeps them for a model whose own parameters "      \
     "are bf16/fp16, on also for an fp32 model cast down, off updates bf16 parameters in place.")   \
+  X(Choice<LowPrecisionUpdateMode>, low_precision_update, LowPrecisionUpdateMode::kAuto,           \
+    "How a bf16/fp16 model without master copies (master_weights off) writes each update: "        \
+    "nearest rounds (an update below half an ulp of its weight is lost), kahan keeps the "         \
+    "lost part in a buffer for the next step, stochastic_rounding rounds up or down at "           \
+    "random, right on average; auto is kahan with mantissa's FusedAdamW, else nearest.")           \
   /* ---- loss scaling (fp16): DeepSpeed's names, torch.amp.GradScaler's behaviour ------ */       \
   X(double, loss_scale, 0.0,                                                                       \
     "0 scales the loss dynamically (GradScaler); a positive value is a fixed scale.")              \

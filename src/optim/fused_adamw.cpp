@@ -78,7 +78,8 @@ double FusedAdamWOptions::get_lr() const { return lr(); }
 void FusedAdamWOptions::set_lr(const double lr) { this->lr(lr); }
 
 void FusedAdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  const std::int64_t steps = step().defined() ? static_cast<std::int64_t>(step().item<double>()) : 0;
+  const std::int64_t steps =
+      step().defined() ? static_cast<std::int64_t>(step().item<double>()) : 0;
   archive.write("step", c10::IValue(steps));
   if (exp_avg().defined()) archive.write("exp_avg", exp_avg());
   if (exp_avg_sq().defined()) archive.write("exp_avg_sq", exp_avg_sq());
@@ -116,8 +117,8 @@ void check_options(const FusedAdamWOptions& options) {
   const auto [beta1, beta2] = options.betas();
   TORCH_CHECK_VALUE(0 <= beta1 && beta1 < 1.0, "Invalid beta parameter at index 0: ", beta1);
   TORCH_CHECK_VALUE(0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
-  TORCH_CHECK_VALUE(options.weight_decay() >= 0, "Invalid weight_decay value: ",
-                    options.weight_decay());
+  TORCH_CHECK_VALUE(options.weight_decay() >= 0,
+                    "Invalid weight_decay value: ", options.weight_decay());
 }
 
 // The rule a parameter's write takes: only bf16/fp16 parameters have a choice (fp32 results
@@ -133,10 +134,17 @@ c10::ScalarType moment_dtype(const FusedAdamWOptions& options, c10::ScalarType p
 
 bool kernel_dtype(c10::ScalarType dtype, detail::KernelDtype* out) {
   switch (dtype) {
-    case at::kFloat: *out = detail::KernelDtype::kFloat; return true;
-    case at::kBFloat16: *out = detail::KernelDtype::kBFloat16; return true;
-    case at::kHalf: *out = detail::KernelDtype::kHalf; return true;
-    default: return false;
+    case at::kFloat:
+      *out = detail::KernelDtype::kFloat;
+      return true;
+    case at::kBFloat16:
+      *out = detail::KernelDtype::kBFloat16;
+      return true;
+    case at::kHalf:
+      *out = detail::KernelDtype::kHalf;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -154,14 +162,15 @@ FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_grou
       TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf ||
                             dtype == at::kDouble,
                         "FusedAdamW supports float32, bfloat16, float16 and float64 parameters; "
-                        "parameter ", i, " of group ", g, " is ", dtype);
+                        "parameter ",
+                        i, " of group ", g, " is ", dtype);
     }
   }
 }
 
 FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
-    : FusedAdamW(std::vector<torch::optim::OptimizerParamGroup>{
-                     torch::optim::OptimizerParamGroup(std::move(params))},
+    : FusedAdamW(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+                     std::move(params))},
                  std::move(defaults)) {}
 
 FusedAdamW::FusedAdamW(const mantissa::amp::MasterWeights& masters, FusedAdamWOptions defaults)
@@ -175,8 +184,9 @@ void FusedAdamW::link_model_params(const mantissa::amp::MasterWeights& masters) 
 
 void FusedAdamW::link_model_params(const std::vector<at::Tensor>& params,
                                    const std::vector<at::Tensor>& model_params) {
-  TORCH_CHECK_VALUE(params.size() == model_params.size(), "FusedAdamW::link_model_params: ",
-                    params.size(), " params but ", model_params.size(), " model params");
+  TORCH_CHECK_VALUE(params.size() == model_params.size(),
+                    "FusedAdamW::link_model_params: ", params.size(), " params but ",
+                    model_params.size(), " model params");
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto& param = params[i];
     const auto& model = model_params[i];
@@ -189,9 +199,9 @@ void FusedAdamW::link_model_params(const std::vector<at::Tensor>& params,
                       "FusedAdamW::link_model_params: model param ", i,
                       " must be bfloat16 or float16, got ", model.scalar_type());
     TORCH_CHECK_VALUE(param.sizes() == model.sizes() && param.device() == model.device(),
-                      "FusedAdamW::link_model_params: pair ", i, " differs in shape or device: ",
-                      param.sizes(), " on ", param.device(), " vs ", model.sizes(), " on ",
-                      model.device());
+                      "FusedAdamW::link_model_params: pair ", i,
+                      " differs in shape or device: ", param.sizes(), " on ", param.device(),
+                      " vs ", model.sizes(), " on ", model.device());
     model_of_[param.unsafeGetTensorImpl()] = model;
   }
   writes_back_ = true;
@@ -231,7 +241,8 @@ void FusedAdamW::refresh_lr_tensors() {
 }
 
 const at::Tensor& FusedAdamW::lr_tensor(std::size_t group) const {
-  TORCH_CHECK(capturable_, "FusedAdamW::lr_tensor: the optimizer is not capturable (set_capturable(true))");
+  TORCH_CHECK(capturable_,
+              "FusedAdamW::lr_tensor: the optimizer is not capturable (set_capturable(true))");
   TORCH_CHECK_INDEX(group < lr_tensors_.size(), "FusedAdamW::lr_tensor: group ", group, " of ",
                     lr_tensors_.size());
   return lr_tensors_[group];
@@ -377,7 +388,8 @@ void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tens
   const auto step_d = step.to(at::kDouble);
   const auto bias_correction1 = 1 - at::pow(beta1, step_d);
   const auto bias_correction2 = 1 - at::pow(beta2, step_d);
-  const auto lr = lr_tensor.defined() ? lr_tensor.to(param.device()) : at::scalar_tensor(o.lr(), at::kDouble);
+  const auto lr =
+      lr_tensor.defined() ? lr_tensor.to(param.device()) : at::scalar_tensor(o.lr(), at::kDouble);
   auto p = param.to(opmath).mul((1 - lr * o.weight_decay()).to(opmath));
   auto m = s.exp_avg().to(opmath).mul(beta1).add_(g, 1 - beta1);
   auto v = s.exp_avg_sq().to(opmath).mul(beta2).addcmul_(g, g, 1 - beta2);
@@ -404,7 +416,8 @@ void adamw_fallback(const Item& item, const FusedAdamWOptions& o, const at::Tens
 }
 
 void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
-             const at::Tensor& lr_tensor, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+             const at::Tensor& lr_tensor, const at::Tensor& grad_scale,
+             const at::Tensor& found_inf) {
   // On the CPU, reading the flag, the scale and the rate is a memory read, not a device sync.
   if (found_inf.defined() && found_inf.to(at::kCPU, at::kFloat).item<float>() != 0.f) return;
   const double lr = lr_tensor.defined() ? lr_tensor.to(at::kCPU).item<double>() : o.lr();
@@ -456,7 +469,8 @@ void run_cpu(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOpt
 
 #ifdef MANTISSA_WITH_CUDA
 void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOptions& o,
-              const at::Tensor& lr_tensor, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+              const at::Tensor& lr_tensor, const at::Tensor& grad_scale,
+              const at::Tensor& found_inf) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, models, steps;
   for (auto& item : items) {
     auto& s = *item.state;
@@ -469,7 +483,8 @@ void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOp
     steps.push_back(s.step());
   }
   const auto [beta1, beta2] = o.betas();
-  detail::cuda::AdamWCudaHyper hyper{o.lr(), beta1, beta2, o.weight_decay(), group_scalars(o, o.lr())};
+  detail::cuda::AdamWCudaHyper hyper{o.lr(), beta1, beta2, o.weight_decay(),
+                                     group_scalars(o, o.lr())};
   // Flags on another device are copied without blocking (GradScaler keeps one per device).
   auto on_device = [&](const at::Tensor& t, c10::ScalarType dtype) {
     return t.defined() ? t.to(key.device, dtype, /*non_blocking=*/true) : t;
@@ -504,10 +519,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     loss = closure();
   }
   const bool capturing = is_capturing(param_groups_);
-  TORCH_CHECK(!capturing || capturable_,
-              "FusedAdamW: the step is being captured in a CUDA graph, but the optimizer is not capturable: the "
-              "learning rate would be baked into the graph. Call set_capturable(true) first (Python: "
-              "capturable=True).");
+  TORCH_CHECK(
+      !capturing || capturable_,
+      "FusedAdamW: the step is being captured in a CUDA graph, but the optimizer is not "
+      "capturable: the "
+      "learning rate would be baked into the graph. Call set_capturable(true) first (Python: "
+      "capturable=True).");
   if (capturable_) {
     if (capturing) {
       TORCH_CHECK(lr_tensors_.size() == param_groups_.size(),
@@ -537,9 +554,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                         " parameter on ", p.device());
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
-        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g, " has no optimizer state yet and the "
-                    "step is being captured in a CUDA graph, where making the state (zeros) would run again on every "
-                    "replay. Run an eager step first; this parameter got its first gradient inside the capture.");
+        TORCH_CHECK(!capturing, "FusedAdamW: parameter ", i, " of group ", g,
+                    " has no optimizer state yet and the "
+                    "step is being captured in a CUDA graph, where making the state (zeros) would "
+                    "run again on every "
+                    "replay. Run an eager step first; this parameter got its first gradient inside "
+                    "the capture.");
         const auto moments = p.options().dtype(moment_dtype(options, p.scalar_type()));
         auto fresh = std::make_unique<FusedAdamWParamState>();
         fresh->step(at::zeros({}, p.options().dtype(at::kFloat).requires_grad(false)));
@@ -549,7 +569,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       auto* state = static_cast<FusedAdamWParamState*>(slot.get());
       if (options.amsgrad() && !state->max_exp_avg_sq().defined()) {
-        TORCH_CHECK(!capturing, "FusedAdamW: amsgrad was turned on inside a CUDA graph capture; run an eager step first");
+        TORCH_CHECK(!capturing,
+                    "FusedAdamW: amsgrad was turned on inside a CUDA graph capture; run an eager "
+                    "step first");
         state->max_exp_avg_sq(at::zeros_like(state->exp_avg(), at::MemoryFormat::Preserve));
       }
       const auto rule = effective_rule(options, p.scalar_type());

@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(kThreads)
                        const float* found_inf) {
   if (found_inf != nullptr && *found_inf != 0.f) return;
   const int t = meta.block_to_tensor[blockIdx.x];
-  const std::int64_t begin = static_cast<std::int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
   const std::int64_t end = min(meta.numel[t], begin + kChunkSize);
 
   // The step is incremented by a later launch; this one uses its value + 1, as AdamW does
@@ -95,7 +96,8 @@ __global__ void __launch_bounds__(kThreads)
   const float neg_step_size = static_cast<float>(-__ddiv_rn(lr, bias_correction1));
   const float bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
   const bool unscale = grad_scale != nullptr;
-  const float inv_scale = unscale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.f;
+  const float inv_scale =
+      unscale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.f;
 
   void* param = meta.param[t];
   const void* grad = meta.grad[t];
@@ -501,7 +503,8 @@ void fused_adamw_low_precision(
 }
 
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                 const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                 const std::vector<at::Tensor>& exp_avgs,
+                 const std::vector<at::Tensor>& exp_avg_sqs,
                  const std::vector<at::Tensor>& max_exp_avg_sqs,
                  const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
                  const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& lr,
@@ -525,7 +528,8 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   h.beta1 = hyper.beta1;
   h.beta2 = hyper.beta2;
   h.weight_decay = hyper.weight_decay;
-  TORCH_INTERNAL_ASSERT(!lr.defined() || (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
+  TORCH_INTERNAL_ASSERT(!lr.defined() ||
+                        (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
   h.lr_on_device = lr.defined() ? lr.const_data_ptr<double>() : nullptr;
   h.decay = hyper.scalars.decay;
   h.beta1_f = hyper.scalars.beta1;
@@ -539,16 +543,18 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
 
   const auto dtype = params[0].scalar_type();
   const auto model_dtype = with_model ? models[0].scalar_type() : at::kFloat;
-#define MANTISSA_ADAMW_CASE(P, M, MODEL)                                                       \
-  return dispatch_amsgrad<P, M, MODEL>(amsgrad, params, grads, exp_avgs, exp_avg_sqs,         \
+#define MANTISSA_ADAMW_CASE(P, M, MODEL)                                              \
+  return dispatch_amsgrad<P, M, MODEL>(amsgrad, params, grads, exp_avgs, exp_avg_sqs, \
                                        max_exp_avg_sqs, models, steps, h, scale_ptr, inf_ptr)
   if (dtype == at::kFloat && !with_model) MANTISSA_ADAMW_CASE(float, float, false);
-  if (dtype == at::kFloat && model_dtype == at::kBFloat16) MANTISSA_ADAMW_CASE(float, c10::BFloat16, true);
+  if (dtype == at::kFloat && model_dtype == at::kBFloat16)
+    MANTISSA_ADAMW_CASE(float, c10::BFloat16, true);
   if (dtype == at::kFloat && model_dtype == at::kHalf) MANTISSA_ADAMW_CASE(float, c10::Half, true);
   if (dtype == at::kBFloat16 && !with_model) MANTISSA_ADAMW_CASE(c10::BFloat16, float, false);
   if (dtype == at::kHalf && !with_model) MANTISSA_ADAMW_CASE(c10::Half, float, false);
 #undef MANTISSA_ADAMW_CASE
-  TORCH_INTERNAL_ASSERT(false, "fused_adamw (CUDA): unsupported dtypes ", dtype, " / ", model_dtype);
+  TORCH_INTERNAL_ASSERT(false, "fused_adamw (CUDA): unsupported dtypes ", dtype, " / ",
+                        model_dtype);
 }
 
 }  // namespace mantissa::optim::detail::cuda

@@ -43,21 +43,21 @@ struct AdamWScalars {
   float beta2;
   float one_minus_beta2;
   float eps;
-  bool unscale;           // multiply grads by inv_scale
-  float inv_scale;        // float(1 / double(scale))
+  bool unscale;     // multiply grads by inv_scale
+  float inv_scale;  // float(1 / double(scale))
   bool maximize;
 };
 
 /// One tensor of the CPU kernel: `numel` elements, laid out alike in every buffer.
 struct AdamWCpuTensor {
   void* param;
-  const void* grad;        // same dtype as param
-  void* exp_avg;           // same dtype as param
+  const void* grad;  // same dtype as param
+  void* exp_avg;     // same dtype as param
   void* exp_avg_sq;
-  void* max_exp_avg_sq;    // null unless amsgrad
-  void* model;             // null unless the param is an fp32 master linked to a model param
+  void* max_exp_avg_sq;  // null unless amsgrad
+  void* model;           // null unless the param is an fp32 master linked to a model param
   std::int64_t numel;
-  float neg_step_size;     // float(-(lr / bias_correction1)) for this tensor's step
+  float neg_step_size;          // float(-(lr / bias_correction1)) for this tensor's step
   float bias_correction2_sqrt;  // float(sqrt(bias_correction2))
   void* kahan_comp;             // param dtype; null unless the rule is kKahan
   std::uint32_t rng_tensor;  // stochastic rounding: the tensor's key (its index in the optimizer)
@@ -84,15 +84,15 @@ struct AdamWCpuArgs {
 namespace DEFAULT {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
 std::int64_t fused_adamw_cpu_calls();
-}
+}  // namespace DEFAULT
 namespace AVX2 {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
 std::int64_t fused_adamw_cpu_calls();
-}
+}  // namespace AVX2
 namespace AVX512 {
 void fused_adamw_cpu(const AdamWCpuArgs& args);
 std::int64_t fused_adamw_cpu_calls();
-}
+}  // namespace AVX512
 
 /// Runs the CPU kernel built for the best instruction set this CPU and ATen allow.
 void fused_adamw_cpu(const AdamWCpuArgs& args);
@@ -106,10 +106,10 @@ namespace cuda {
 /// Per-group values for the CUDA kernel, which computes the bias corrections on the device
 /// from each tensor's `step` (read before it is incremented).
 struct AdamWCudaHyper {
-  double lr;            // ignored when an lr tensor is given
+  double lr;  // ignored when an lr tensor is given
   double beta1;
   double beta2;
-  double weight_decay;  // with an lr tensor, the kernel computes decay = float(1 - lr * wd)
+  double weight_decay;   // with an lr tensor, the kernel computes decay = float(1 - lr * wd)
   AdamWScalars scalars;  // `unscale` and `inv_scale` are ignored: read from grad_scale
 };
 
@@ -119,7 +119,8 @@ struct AdamWCudaHyper {
 /// form), `grad_scale` and `found_inf` (0-d fp32) may be undefined. Increments every
 /// `steps[i]` unless `found_inf` is non-zero. Never syncs.
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                 const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                 const std::vector<at::Tensor>& exp_avgs,
+                 const std::vector<at::Tensor>& exp_avg_sqs,
                  const std::vector<at::Tensor>& max_exp_avg_sqs,
                  const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
                  const AdamWCudaHyper& hyper, bool amsgrad, const at::Tensor& lr,

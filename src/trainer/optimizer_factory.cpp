@@ -26,7 +26,8 @@ std::unique_ptr<Optim> build(std::vector<torch::optim::OptimizerParamGroup> grou
 
 std::unique_ptr<torch::optim::Optimizer> build_named(
     const TrainingArguments& args, std::vector<torch::optim::OptimizerParamGroup> groups,
-    bool first_group_decays, amp::MasterWeights* masters) {
+    bool first_group_decays, amp::MasterWeights* masters,
+    optim::LowPrecisionUpdate low_precision_update) {
   const double lr = args.learning_rate();
   const auto betas = std::make_tuple(args.adam_beta1(), args.adam_beta2());
   switch (args.optim().value()) {
@@ -38,11 +39,14 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
                                             .weight_decay(args.weight_decay()));
     case OptimizerNames::kAdamWTorchFused:
     case OptimizerNames::kAdamWMantissaFused: {
-      auto fused = build<optim::FusedAdamW>(std::move(groups), first_group_decays,
-                                            optim::FusedAdamWOptions(lr)
-                                                .betas(betas)
-                                                .eps(args.adam_epsilon())
-                                                .weight_decay(args.weight_decay()));
+      auto fused = build<optim::FusedAdamW>(
+          std::move(groups), first_group_decays,
+          optim::FusedAdamWOptions(lr)
+              .betas(betas)
+              .eps(args.adam_epsilon())
+              .weight_decay(args.weight_decay())
+              .low_precision_update(low_precision_update)
+              .stochastic_rounding_seed(static_cast<std::uint64_t>(args.seed())));
       // The fused step writes the updated fp32 masters back into the bf16/fp16 model itself.
       if (masters != nullptr && masters->has_low_precision()) fused->link_model_params(*masters);
       return fused;
@@ -80,13 +84,15 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
+                                        optim::LowPrecisionUpdate low_precision_update,
                                         const OptimizerFactory& factory) {
   bool first_group_decays = false;
   auto groups = weight_decay_groups(model_params, masters, &first_group_decays);
   TORCH_CHECK_VALUE(!groups.empty(), "the model has no parameter that requires grad");
   TrainerOptimizer result;
   result.optimizer = factory ? factory(std::move(groups))
-                             : build_named(args, std::move(groups), first_group_decays, masters);
+                             : build_named(args, std::move(groups), first_group_decays, masters,
+                                           low_precision_update);
   TORCH_CHECK_VALUE(result.optimizer != nullptr, "the optimizer factory returned null");
   for (const auto& group : result.optimizer->param_groups()) {
     result.params.insert(result.params.end(), group.params().begin(), group.params().end());

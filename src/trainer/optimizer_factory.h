@@ -37,13 +37,16 @@ struct TrainerOptimizer {
 
 /// Builds the optimizer over `model_params` (their masters when `masters` is not null):
 /// `factory` when given, else the one `args.optim` names with `learning_rate`, the Adam betas
-/// and epsilon, and `weight_decay` in the decaying group only. A FusedAdamW over masters of a
+/// and epsilon, and `weight_decay` in the decaying group only; a FusedAdamW writes
+/// low-precision parameters without masters with `low_precision_update` (its stochastic
+/// rounding seeded by `args.seed`). A FusedAdamW over masters of a
 /// low-precision model writes them back into the model in its own pass. Python:
 /// `Trainer.create_optimizer`. Throws `c10::ValueError` when there is nothing to optimize or
 /// the factory returns null.
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
+                                        optim::LowPrecisionUpdate low_precision_update,
                                         const OptimizerFactory& factory);
 
 }  // namespace mantissa::detail

@@ -33,7 +33,8 @@ std::string PrecisionPlan::describe() const {
       weights_text = name(param_dtype) + " weights with fp32 master weights";
       break;
     case WeightsMode::kPureLowPrecision:
-      weights_text = "pure " + name(param_dtype) + " weights (no master copy)";
+      weights_text = "pure " + name(param_dtype) + " weights (no master copy), " +
+                     optim::to_string(low_precision_update) + " updates";
       break;
   }
   std::string scaling = !loss_scaling ? std::string("no loss scaling")
@@ -45,6 +46,24 @@ std::string PrecisionPlan::describe() const {
 }
 
 namespace detail {
+
+optim::LowPrecisionUpdate low_precision_update_rule(const TrainingArguments& args) {
+  switch (args.low_precision_update().value()) {
+    case LowPrecisionUpdateMode::kAuto: {
+      const auto optim = args.optim().value();
+      const bool fused =
+          optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused;
+      return fused ? optim::LowPrecisionUpdate::kKahan : optim::LowPrecisionUpdate::kNearest;
+    }
+    case LowPrecisionUpdateMode::kNearest:
+      return optim::LowPrecisionUpdate::kNearest;
+    case LowPrecisionUpdateMode::kKahan:
+      return optim::LowPrecisionUpdate::kKahan;
+    case LowPrecisionUpdateMode::kStochasticRounding:
+      return optim::LowPrecisionUpdate::kStochasticRounding;
+  }
+  return optim::LowPrecisionUpdate::kNearest;
+}
 
 PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType param_dtype) {
   PrecisionPlan plan;
@@ -65,6 +84,9 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
     plan.autocast = true;  // casts fp32 inputs to the model's dtype at matmuls and convs
     plan.weights = masters == MasterWeightsMode::kOff ? WeightsMode::kPureLowPrecision
                                                       : WeightsMode::kFp32Masters;
+    if (plan.weights == WeightsMode::kPureLowPrecision) {
+      plan.low_precision_update = low_precision_update_rule(args);
+    }
     plan.loss_scaling = param_dtype == c10::kHalf;
     if (plan.loss_scaling && !args.dynamic_loss_scale()) plan.static_loss_scale = args.loss_scale();
     TORCH_CHECK_VALUE(

@@ -11,6 +11,10 @@ namespace mantissa::detail {
 ///   bf16 model:  bf16 + fp32 masters (master_weights auto/on) | pure bf16 (off)
 ///   fp16 model:  fp16 + fp32 masters + loss scaling (pure fp16 is refused)
 /// Contradictions (a bf16 model with --fp16, ...) raise c10::ValueError saying what to change.
+/// The rule `args.low_precision_update` names; `auto` is Kahan when `args.optim` is mantissa's
+/// FusedAdamW (the only optimizer with compensated rules), else nearest.
+optim::LowPrecisionUpdate low_precision_update_rule(const TrainingArguments& args);
+
 PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType param_dtype);
 
 }  // namespace mantissa::detail

@@ -22,8 +22,8 @@ constexpr std::string_view kPositionFields[] = {
     "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last"};
 // optimizer.pt, scheduler.pt and scaler.pt hold these, so the saved values stay in force.
 constexpr std::string_view kRestoredFields[] = {
-    "learning_rate", "weight_decay",        "adam_beta1",       "adam_beta2",
-    "adam_epsilon",  "initial_scale_power", "loss_scale_window"};
+    "learning_rate", "weight_decay",        "adam_beta1",        "adam_beta2",
+    "adam_epsilon",  "initial_scale_power", "loss_scale_window", "low_precision_update"};
 // They decide the order of the examples in each epoch.
 constexpr std::string_view kDataOrderFields[] = {"seed", "data_seed"};
 // Where and how the run executes, not what it computes.

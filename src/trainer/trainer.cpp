@@ -8,8 +8,9 @@
 #include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 
-#include "io/filesystem.h"
 #include <mantissa/io/safetensors.h>
+
+#include "io/filesystem.h"
 
 #include "trainer/checkpoint.h"
 #include "trainer/evaluation.h"
@@ -66,9 +67,21 @@ void Trainer::Impl::prepare() {
   if (plan_.weights == WeightsMode::kFp32Masters) {
     masters_ = std::make_unique<amp::MasterWeights>(module_->parameters());
   }
-  if (plan_.weights == WeightsMode::kPureLowPrecision) amp::warn_pure_low_precision_once(plan_.param_dtype);
   optimizer_ = detail::make_trainer_optimizer(args_, module_->parameters(), masters_.get(),
-                                              optimizer_factory_);
+                                              plan_.low_precision_update, optimizer_factory_);
+  if (optimizer_factory_) {
+    // A user's optimizer writes low-precision weights its own way.
+    const auto& groups = optimizer_.optimizer->param_groups();
+    plan_.low_precision_update =
+        optimizer_.fused != nullptr
+            ? static_cast<const optim::FusedAdamWOptions&>(groups.front().options())
+                  .low_precision_update()
+            : optim::LowPrecisionUpdate::kNearest;
+  }
+  if (plan_.weights == WeightsMode::kPureLowPrecision &&
+      plan_.low_precision_update == optim::LowPrecisionUpdate::kNearest) {
+    amp::warn_pure_low_precision_once(plan_.param_dtype);
+  }
   auto& optimizer = *optimizer_.optimizer;
   const auto max_steps = schedule_.max_steps;
   auto scheduler = scheduler_factory_ ? scheduler_factory_(optimizer, max_steps)

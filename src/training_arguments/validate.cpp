@@ -90,6 +90,13 @@ void TrainingArguments::validate() const {
 #define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, name##_);
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
+  const bool fused_optimizer =
+      optim_ == OptimizerNames::kAdamWTorchFused || optim_ == OptimizerNames::kAdamWMantissaFused;
+  TORCH_CHECK_VALUE(fused_optimizer || low_precision_update_ == LowPrecisionUpdateMode::kAuto ||
+                        low_precision_update_ == LowPrecisionUpdateMode::kNearest,
+                    "low_precision_update ", low_precision_update_,
+                    " is a rule of mantissa's FusedAdamW, but optim is ", optim_,
+                    "; use --optim adamw_torch_fused (or low_precision_update nearest)");
   detail::parse_report_to(report_to_);  // report_to and run_name: trainer/reporting.h
   detail::check_run_name(run_name_);
 
