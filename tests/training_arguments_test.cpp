@@ -599,6 +599,15 @@ TEST(TrainingArgumentsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_THAT(help, HasSubstr("dashes for underscores"));
 }
 
+TEST(TrainingArgumentsTest, FlagsHelpTextHasNoUsageOfItsOwn) {
+  const std::string flags = TrainingArguments::flags_help_text();
+  EXPECT_THAT(flags, ::testing::StartsWith("TrainingArguments options:\n"));
+  EXPECT_THAT(flags, Not(HasSubstr("Usage")));
+  EXPECT_THAT(flags, Not(HasSubstr("-h,--help")));
+  EXPECT_THAT(flags, HasSubstr("--learning_rate FLOAT"));
+  EXPECT_THAT(flags, HasSubstr("dashes for underscores"));
+}
+
 TEST(TrainingArgumentsTest, HelpFlagPrintsAndExitsZero) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(TrainingArguments::parse({"--help"}), ::testing::ExitedWithCode(0), "");

@@ -14,7 +14,7 @@ TrainingArguments parse_example_flags(CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::cout << app.help() << "\n" << TrainingArguments::help_text(app.get_name()) << std::flush;
+      std::cout << app.help() << "\n" << TrainingArguments::flags_help_text() << std::flush;
       std::exit(0);
     }
   }

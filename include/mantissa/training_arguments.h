@@ -247,6 +247,11 @@ class TrainingArguments {
   /// `ArgumentDefaultsHelpFormatter` style, "(default: 5e-05)").
   static std::string help_text(const std::string& program_name = "train");
 
+  /// The flags of `help_text` without its usage line and `-h`, for a program that prints its
+  /// own usage and flags first (as `HfArgumentParser((ProgramArguments, TrainingArguments))`
+  /// lists both dataclasses under one usage).
+  static std::string flags_help_text();
+
   // ---- JSON (training_args.json) -----------------------------------------------------------
 
   /// Every field, in declaration order, as pretty-printed JSON (2-space indent); unset

@@ -211,6 +211,9 @@ void add_field(Cli& cli, const std::string& name, const std::string& help, const
   }
 }
 
+// Where --help starts each flag's description.
+constexpr std::size_t kHelpColumnWidth = 46;
+
 std::unique_ptr<Cli> make_cli(const std::string& program_name) {
   auto cli = std::make_unique<Cli>();
   CLI::App& app = cli->app;
@@ -222,7 +225,7 @@ std::unique_ptr<Cli> make_cli(const std::string& program_name) {
       "Optional fields take None to unset them. A single argument ending in .json reads "
       "that file instead.");
   app.allow_extras();
-  app.get_formatter()->column_width(46);
+  app.get_formatter()->column_width(kHelpColumnWidth);
   const TrainingArguments defaults;
 #define MANTISSA_TA_ADD_FLAG_(type, name, default_value, help) \
   add_field<type>(*cli, #name, help, defaults.name(),          \
@@ -328,6 +331,20 @@ std::pair<TrainingArguments, std::vector<std::string>> TrainingArguments::parse_
 
 std::string TrainingArguments::help_text(const std::string& program_name) {
   return make_cli(program_name)->app.help();
+}
+
+std::string TrainingArguments::flags_help_text() {
+  auto cli = make_cli("train");
+  cli->app.set_help_flag();  // the program's own help lists -h
+  CLI::Formatter formatter;  // the layout of help_text's
+  formatter.column_width(kHelpColumnWidth);
+  std::string groups = formatter.make_groups(&cli->app, CLI::AppFormatMode::Normal);
+  groups.erase(0, groups.find_first_not_of('\n'));
+  const std::string heading = "Options:";
+  if (groups.compare(0, heading.size(), heading) == 0) {
+    groups.replace(0, heading.size(), "TrainingArguments options:");
+  }
+  return groups + "\n" + cli->app.get_footer() + "\n";
 }
 
 }  // namespace mantissa
