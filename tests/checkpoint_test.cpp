@@ -338,3 +338,54 @@ TEST(CheckpointTest, PrecisionPlanNamesAStaticLossScale) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CheckpointTest, TheBestCheckpointNamesItselfInItsOwnState) {
+  // The loss falls at every evaluation (lr 1e-2 on the toy problem), so each checkpoint holds
+  // the best model so far and its trainer_state.json must name that very checkpoint.
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto args = toy_args(dir)
+                        .max_steps(12)
+                        .eval_strategy("steps")
+                        .eval_steps(4)
+                        .save_strategy("steps")
+                        .save_steps(4);
+  Trainer(make_toy_model(), args, ToyDataset(100), ToyDataset(64, 3)).train();
+  std::optional<double> previous;
+  for (const int step : {4, 8, 12}) {
+    SCOPED_TRACE(step);
+    const auto checkpoint = dir + "/checkpoint-" + std::to_string(step);
+    const auto state = nlohmann::json::parse(read_text(checkpoint + "/trainer_state.json"));
+    const double best = state.at("best_metric").get<double>();
+    if (!previous || best < *previous) {
+      EXPECT_EQ(state.at("best_model_checkpoint").get<std::string>(), checkpoint);
+    }
+    previous = best;
+  }
+  ASSERT_TRUE(previous.has_value());
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CheckpointTest, AResumedRunDropsTheLogLinesPastItsCheckpoint) {
+  // A run of 8 steps with a checkpoint at 4, resumed there: trainer_log.jsonl keeps the lines
+  // up to step 4 once, then the resumed run's, so steps never go back.
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto args =
+      toy_args(dir).max_steps(8).logging_steps(2).save_strategy("steps").save_steps(4);
+  Trainer(make_toy_model(), args, ToyDataset(100)).train();
+  Trainer(make_toy_model(), args, ToyDataset(100)).train(dir + "/checkpoint-4");
+  std::istringstream lines(read_text(dir + "/trainer_log.jsonl"));
+  std::vector<std::int64_t> steps;
+  for (std::string line; std::getline(lines, line);) {
+    const auto entry = nlohmann::json::parse(line);
+    ASSERT_TRUE(entry.at("step").is_number_integer()) << line;
+    if (!entry.contains("train_runtime")) steps.push_back(entry.at("step").get<std::int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{2, 4, 6, 8}));
+}
+
+}  // namespace

@@ -135,6 +135,20 @@ __global__ void increment_steps_kernel(StepList steps, const float* found_inf) {
   if (i < steps.size) *steps.step[i] += 1.f;
 }
 
+// Adds 1 to the step of each tensor in `nonempty` (unless found_inf), kMaxSteps per launch.
+void increment_steps(const std::vector<at::Tensor>& steps, const std::vector<std::size_t>& nonempty,
+                     const float* found_inf, cudaStream_t stream) {
+  StepList list{};
+  for (std::size_t k = 0; k < nonempty.size(); ++k) {
+    list.step[list.size++] = steps[nonempty[k]].data_ptr<float>();
+    if (list.size == kMaxSteps || k == nonempty.size() - 1) {
+      increment_steps_kernel<<<(list.size + 127) / 128, 128, 0, stream>>>(list, found_inf);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      list.size = 0;
+    }
+  }
+}
+
 // ---- bf16/fp16 params under a low-precision rule -----------------------------------------
 
 struct LowPrecisionMeta {
@@ -303,15 +317,7 @@ void launch_all(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     }
   }
   // Only now, after every launch that reads them, the steps move on (unless found_inf).
-  StepList list{};
-  for (std::size_t k = 0; k < nonempty.size(); ++k) {
-    list.step[list.size++] = steps[nonempty[k]].data_ptr<float>();
-    if (list.size == kMaxSteps || k == nonempty.size() - 1) {
-      increment_steps_kernel<<<(list.size + 127) / 128, 128, 0, stream>>>(list, found_inf);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      list.size = 0;
-    }
-  }
+  increment_steps(steps, nonempty, found_inf, stream);
 }
 
 template <typename P, typename M, bool kModel>
@@ -395,15 +401,7 @@ void launch_low_precision(
       }
     }
   }
-  StepList list{};
-  for (std::size_t k = 0; k < nonempty.size(); ++k) {
-    list.step[list.size++] = steps[nonempty[k]].data_ptr<float>();
-    if (list.size == kMaxSteps || k == nonempty.size() - 1) {
-      increment_steps_kernel<<<(list.size + 127) / 128, 128, 0, stream>>>(list, found_inf);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      list.size = 0;
-    }
-  }
+  increment_steps(steps, nonempty, found_inf, stream);
 }
 
 template <typename P, typename S, LowPrecisionUpdate R>

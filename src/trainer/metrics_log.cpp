@@ -12,6 +12,7 @@
 
 #include "io/filesystem.h"
 
+#include "io/atomic_file.h"
 #include "io/json_number.h"
 
 namespace mantissa::detail {
@@ -44,7 +45,7 @@ MetricsLog::MetricsLog(std::string output_dir) : output_dir_(std::move(output_di
 
 void MetricsLog::append(const LogEntry& entry) {
   nlohmann::json line = nlohmann::json::object();
-  for (const auto& [key, value] : entry) line[key] = io::json_number(value);
+  for (const auto& [key, value] : entry) line[key] = io::json_log_value(value);
   const auto path = io::join_path(output_dir_, "trainer_log.jsonl");
   std::string failure;
   try {
@@ -54,6 +55,42 @@ void MetricsLog::append(const LogEntry& entry) {
   } catch (const c10::Error& e) {
     failure = e.what_without_backtrace();
   }
+  report_failure(path, failure);
+}
+
+void MetricsLog::drop_after(std::int64_t global_step) {
+  const auto path = io::join_path(output_dir_, "trainer_log.jsonl");
+  if (!io::path_exists(path)) return;
+  std::string failure;
+  try {
+    const auto bytes = io::read_file(path);
+    const std::string text(bytes.begin(), bytes.end());
+    std::string kept;
+    bool dropped = false;
+    std::size_t begin = 0;
+    while (begin < text.size()) {
+      auto end = text.find('\n', begin);
+      end = end == std::string::npos ? text.size() : end + 1;
+      const auto line = text.substr(begin, end - begin);
+      begin = end;
+      // A line that is not an entry with a numeric "step" (hand-edited, cut short) is kept.
+      const auto entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const bool later = entry.is_object() && entry.contains("step") && entry["step"].is_number() &&
+                         entry["step"].get<double>() > static_cast<double>(global_step);
+      if (later) {
+        dropped = true;
+      } else {
+        kept += line;
+      }
+    }
+    if (dropped) io::write_file_atomically(path, kept);
+  } catch (const c10::Error& e) {
+    failure = e.what_without_backtrace();
+  }
+  report_failure(path, failure);
+}
+
+void MetricsLog::report_failure(const std::string& path, const std::string& failure) {
   if (failure.empty() || failure_reported_) return;
   failure_reported_ = true;
   TORCH_WARN(

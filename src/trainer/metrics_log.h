@@ -2,6 +2,7 @@
 // trainer_log.jsonl: one JSON object per log or evaluation entry, appended as it happens, so
 // that a run can be plotted (scripts/plot_metrics) while it trains.
 
+#include <cstdint>
 #include <string>
 
 #include <mantissa/trainer_callback.h>
@@ -16,9 +17,16 @@ class MetricsLog {
  public:
   explicit MetricsLog(std::string output_dir);
 
-  /// Writes `entry` as one line (non-finite values as "NaN"/"Infinity"/"-Infinity"). Creates
+  /// Writes `entry` as one line (whole numbers as integers, non-finite values as
+  /// "NaN"/"Infinity"/"-Infinity", as in trainer_state.json's log_history). Creates
   /// the output folder when it is missing. Never throws for an I/O failure.
   void append(const LogEntry& entry);
+
+  /// Removes the entries logged after `global_step` (a resumed run logs them again), keeping
+  /// every other line as it is; rewrites the file atomically, and only when something goes.
+  /// A missing file is left missing. Never throws for an I/O failure (warned once, as
+  /// `append`).
+  void drop_after(std::int64_t global_step);
 
   /// Whether anything was written (the Trainer then owns the output folder's content).
   bool wrote() const { return wrote_; }
@@ -26,6 +34,8 @@ class MetricsLog {
  private:
   std::string output_dir_;
   bool wrote_ = false;
+  void report_failure(const std::string& path, const std::string& failure);
+
   bool failure_reported_ = false;
 };
 

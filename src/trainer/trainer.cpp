@@ -141,6 +141,8 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
     detail::resume_position(saved, schedule_.run_shape());
   };
   detail::load_checkpoint(dir, parts);
+  // What the interrupted run logged past its checkpoint is logged again from here.
+  metrics_log_.drop_after(state_.global_step);
   state_.max_steps = fresh.max_steps;
   state_.logging_steps = fresh.logging_steps;
   state_.eval_steps = fresh.eval_steps;
@@ -212,11 +214,20 @@ LogEntry Trainer::Impl::evaluate(bool during_train) {
 }
 
 void Trainer::Impl::save_checkpoint() {
-  const auto path = detail::save_checkpoint(args_.output_dir(), checkpoint_parts());
+  // A checkpoint that holds the best evaluation so far names itself in its own
+  // trainer_state.json, as HF's do; a failed save leaves the state as it was.
+  const auto previous_best = state_.best_model_checkpoint;
   if (best_unsaved_) {
-    state_.best_model_checkpoint = path;
-    best_unsaved_ = false;
+    state_.best_model_checkpoint =
+        io::join_path(args_.output_dir(), detail::checkpoint_name(state_.global_step));
   }
+  try {
+    detail::save_checkpoint(args_.output_dir(), checkpoint_parts());
+  } catch (...) {
+    state_.best_model_checkpoint = previous_best;
+    throw;
+  }
+  best_unsaved_ = false;
   if (args_.save_total_limit()) {
     detail::rotate_checkpoints(args_.output_dir(), *args_.save_total_limit(),
                                state_.best_model_checkpoint);

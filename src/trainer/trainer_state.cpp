@@ -18,15 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-// HF writes integral values (step, total_flos) as JSON integers; keep that so Python tools
-// that read trainer_state.json see the same types.
-json number(double value) {
-  if (std::isfinite(value) && std::floor(value) == value && std::fabs(value) < 9007199254740992.0) {
-    return static_cast<std::int64_t>(value);
-  }
-  return io::json_number(value);
-}
-
 double to_double(const json& value, const std::string& key) {
   if (value.is_number()) return value.get<double>();
   if (value.is_string()) {
@@ -100,7 +91,7 @@ std::string TrainerState::to_json() const {
   json history = json::array();
   for (const auto& entry : log_history) {
     json item = json::object();
-    for (const auto& [key, value] : entry) item[key] = number(value);
+    for (const auto& [key, value] : entry) item[key] = io::json_log_value(value);
     history.push_back(std::move(item));
   }
   json doc = {
