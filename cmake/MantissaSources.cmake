@@ -19,6 +19,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/clip_grad.h
   include/mantissa/batch.h
   include/mantissa/precision_plan.h
+  include/mantissa/seed.h
   include/mantissa/trainer_callback.h
   include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
@@ -26,6 +27,7 @@ set(MANTISSA_PUBLIC_HEADERS
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
+  src/seed.cpp
   src/training_arguments/python_repr.cpp
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp

@@ -18,6 +18,7 @@
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
 #include <mantissa/precision_plan.h>
+#include <mantissa/seed.h>
 #include <mantissa/tensorboard_callback.h>
 #include <mantissa/trainer.h>
 #include <mantissa/trainer_callback.h>
