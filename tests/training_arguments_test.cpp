@@ -11,8 +11,10 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -597,6 +599,48 @@ TEST(TrainingArgumentsTest, HelpListsEveryFlagWithItsDefault) {
   // The dashed spellings are described once in the footer, not listed flag by flag.
   EXPECT_THAT(help, Not(HasSubstr("--learning-rate FLOAT")));
   EXPECT_THAT(help, HasSubstr("dashes for underscores"));
+}
+
+// The backquoted names in the first column of each table row between `from` and `to`.
+std::set<std::string> first_column_names(const std::string& text, const std::string& from,
+                                         const std::string& to) {
+  std::set<std::string> names;
+  const auto begin = text.find(from);
+  const auto end = text.find(to, begin);
+  EXPECT_NE(begin, std::string::npos) << from;
+  std::istringstream lines(text.substr(begin, end - begin));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0) continue;
+    const std::string cell = line.substr(0, line.find('|', 1));
+    for (auto open = cell.find('`'); open != std::string::npos; open = cell.find('`', open)) {
+      const auto close = cell.find('`', open + 1);
+      if (close == std::string::npos) break;
+      names.insert(cell.substr(open + 1, close - open - 1));
+      open = close + 1;
+    }
+  }
+  return names;
+}
+
+TEST(TrainingArgumentsTest, TheDocsListEveryFieldWhereItBelongs) {
+  std::ifstream in(std::string(MANTISSA_DOCS_DIR) + "/guide/from_python.md");
+  ASSERT_TRUE(in.good());
+  const std::string guide((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto has = first_column_names(guide, "### Fields mantissa has", "### Fields mantissa adds");
+  const auto adds =
+      first_column_names(guide, "### Fields mantissa adds", "### Fields mantissa does not have");
+  const auto lacks =
+      first_column_names(guide, "### Fields mantissa does not have", "## Python APIs");
+  std::ifstream reference_in(std::string(MANTISSA_DOCS_DIR) + "/training_arguments.md");
+  const std::string reference((std::istreambuf_iterator<char>(reference_in)),
+                              std::istreambuf_iterator<char>());
+  for (const auto& name : field_names()) {
+    EXPECT_TRUE(has.count(name) + adds.count(name) == 1)
+        << name << " must be in exactly one of from_python.md's tables of fields mantissa has";
+    EXPECT_EQ(lacks.count(name), 0u) << name << " is listed as missing in from_python.md";
+    EXPECT_NE(reference.find("| `" + name + "` |"), std::string::npos)
+        << name << " has no row in docs/training_arguments.md";
+  }
 }
 
 TEST(TrainingArgumentsTest, FlagsHelpTextHasNoUsageOfItsOwn) {
