@@ -17,6 +17,12 @@ enum class OptimizerNames {
   kSgd,                 ///< "sgd": torch::optim::SGD
 };
 
+/// Whether `optim` is one of the two names of mantissa's FusedAdamW (the optimizer with
+/// compensated low-precision updates and a capturable step).
+constexpr bool is_fused_adamw(OptimizerNames optim) {
+  return optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused;
+}
+
 /// `--lr_scheduler_type`. Python: `SchedulerType` (the members mantissa implements).
 enum class SchedulerType {
   kLinear,              ///< "linear": warmup, then linear decay to 0

@@ -41,29 +41,28 @@ std::string append_line(const std::string& path, const std::string& line) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(std::string output_dir) : output_dir_(std::move(output_dir)) {}
+MetricsLog::MetricsLog(std::string output_dir)
+    : output_dir_(std::move(output_dir)), path_(io::join_path(output_dir_, "trainer_log.jsonl")) {}
 
 void MetricsLog::append(const LogEntry& entry) {
   nlohmann::json line = nlohmann::json::object();
   for (const auto& [key, value] : entry) line[key] = io::json_log_value(value);
-  const auto path = io::join_path(output_dir_, "trainer_log.jsonl");
   std::string failure;
   try {
     io::create_directories(output_dir_);
     wrote_ = true;
-    failure = append_line(path, line.dump() + "\n");
+    failure = append_line(path_, line.dump() + "\n");
   } catch (const c10::Error& e) {
     failure = e.what_without_backtrace();
   }
-  report_failure(path, failure);
+  report_failure(failure);
 }
 
 void MetricsLog::drop_after(std::int64_t global_step) {
-  const auto path = io::join_path(output_dir_, "trainer_log.jsonl");
-  if (!io::path_exists(path)) return;
+  if (!io::path_exists(path_)) return;
   std::string failure;
   try {
-    const auto bytes = io::read_file(path);
+    const auto bytes = io::read_file(path_);
     const std::string text(bytes.begin(), bytes.end());
     std::string kept;
     bool dropped = false;
@@ -83,18 +82,18 @@ void MetricsLog::drop_after(std::int64_t global_step) {
         kept += line;
       }
     }
-    if (dropped) io::write_file_atomically(path, kept);
+    if (dropped) io::write_file_atomically(path_, kept);
   } catch (const c10::Error& e) {
     failure = e.what_without_backtrace();
   }
-  report_failure(path, failure);
+  report_failure(failure);
 }
 
-void MetricsLog::report_failure(const std::string& path, const std::string& failure) {
+void MetricsLog::report_failure(const std::string& failure) {
   if (failure.empty() || failure_reported_) return;
   failure_reported_ = true;
   TORCH_WARN(
-      "cannot write the training log '", path, "': ", failure,
+      "cannot write the training log '", path_, "': ", failure,
       ". Training goes on; later log lines may be missing from this file, but every entry stays in "
       "trainer_state.json's log_history, saved with each checkpoint. (Reported once.)");
 }

@@ -33,8 +33,9 @@ class MetricsLog {
 
  private:
   std::string output_dir_;
+  std::string path_;  // output_dir_/trainer_log.jsonl
   bool wrote_ = false;
-  void report_failure(const std::string& path, const std::string& failure);
+  void report_failure(const std::string& failure);
 
   bool failure_reported_ = false;
 };

@@ -49,12 +49,9 @@ namespace detail {
 
 optim::LowPrecisionUpdate low_precision_update_rule(const TrainingArguments& args) {
   switch (args.low_precision_update().value()) {
-    case LowPrecisionUpdateMode::kAuto: {
-      const auto optim = args.optim().value();
-      const bool fused =
-          optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused;
-      return fused ? optim::LowPrecisionUpdate::kKahan : optim::LowPrecisionUpdate::kNearest;
-    }
+    case LowPrecisionUpdateMode::kAuto:
+      return is_fused_adamw(args.optim().value()) ? optim::LowPrecisionUpdate::kKahan
+                                                  : optim::LowPrecisionUpdate::kNearest;
     case LowPrecisionUpdateMode::kNearest:
       return optim::LowPrecisionUpdate::kNearest;
     case LowPrecisionUpdateMode::kKahan:

@@ -90,8 +90,7 @@ void TrainingArguments::validate() const {
 #define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, name##_);
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
-  const bool fused_optimizer =
-      optim_ == OptimizerNames::kAdamWTorchFused || optim_ == OptimizerNames::kAdamWMantissaFused;
+  const bool fused_optimizer = is_fused_adamw(optim_.value());  // valid: checked above
   TORCH_CHECK_VALUE(fused_optimizer || low_precision_update_ == LowPrecisionUpdateMode::kAuto ||
                         low_precision_update_ == LowPrecisionUpdateMode::kNearest,
                     "low_precision_update ", low_precision_update_,
