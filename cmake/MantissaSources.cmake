@@ -18,6 +18,8 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/lr_scheduler.h
   include/mantissa/clip_grad.h
   include/mantissa/batch.h
+  include/mantissa/model_output.h
+  include/mantissa/model_forward.h
   include/mantissa/precision_plan.h
   include/mantissa/seed.h
   include/mantissa/trainer_callback.h
@@ -63,6 +65,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/optimizer_factory.cpp
   src/trainer/eager_engine.cpp
   src/trainer/graph_engine.cpp
+  src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp
   src/trainer/trainer.cpp
   src/trainer/trainer_loop.cpp

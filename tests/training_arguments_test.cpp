@@ -184,7 +184,11 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_TRUE(a.dataloader_pin_memory());
   EXPECT_FALSE(a.cuda_graph());
   EXPECT_EQ(a.cuda_graph_warmup_steps(), 3);
-  EXPECT_EQ(field_names().size(), 53u) << "a field was added or removed: update this test, "
+  EXPECT_FALSE(a.label_names().has_value());
+  EXPECT_FALSE(a.load_best_model_at_end());
+  EXPECT_FALSE(a.metric_for_best_model().has_value());
+  EXPECT_FALSE(a.greater_is_better().has_value());
+  EXPECT_EQ(field_names().size(), 57u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -317,7 +321,10 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
       "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false",
       "--report_to", "tensorboard", "--run_name", "baseline",
-      "--low_precision_update", "stochastic_rounding"};
+      "--low_precision_update", "stochastic_rounding", "--label_names", "start", "end",
+      "--load_best_model_at_end", "--metric_for_best_model", "accuracy",
+      "--greater_is_better", "false", "--eval_strategy", "steps", "--save_steps", "10",
+      "--eval_steps", "5"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -385,6 +392,10 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.report_to(), "tensorboard");
   EXPECT_EQ(b.run_name(), std::optional<std::string>("baseline"));
   EXPECT_EQ(b.low_precision_update(), mantissa::LowPrecisionUpdateMode::kStochasticRounding);
+  EXPECT_EQ(b.label_names(), (std::optional<std::vector<std::string>>({"start", "end"})));
+  EXPECT_TRUE(b.load_best_model_at_end());
+  EXPECT_EQ(b.metric_for_best_model(), std::optional<std::string>("accuracy"));
+  EXPECT_EQ(b.greater_is_better(), std::optional<bool>(false));
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {
@@ -777,7 +788,7 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
       {"resume", TrainingArguments(d).resume_from_checkpoint(std::string()),
        "resume_from_checkpoint must be a checkpoint folder or 'latest', got ''"},
       {"best without eval", TrainingArguments(d).save_strategy("best"),
-       "save_strategy best saves when the evaluation loss improves, so it requires an "
+       "save_strategy best saves when eval_loss improves, so it requires an "
        "eval_strategy of steps or epoch, got eval_strategy='no'"},
       {"nan lr", TrainingArguments(d).learning_rate(nan),
        "learning_rate must be a finite number, got nan"},

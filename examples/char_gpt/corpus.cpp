@@ -142,7 +142,7 @@ TokenWindows::TokenWindows(torch::Tensor tokens, std::int64_t block_size, std::i
   count_ = span < 0 ? 0 : span / stride_ + 1;
 }
 
-torch::data::Example<> TokenWindows::get_batch(c10::ArrayRef<size_t> indices) {
+mantissa::Batch TokenWindows::get_batch(c10::ArrayRef<size_t> indices) {
   auto starts =
       torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()), torch::kLong) *
       stride_;
@@ -150,8 +150,8 @@ torch::data::Example<> TokenWindows::get_batch(c10::ArrayRef<size_t> indices) {
   auto windows = tokens_.index_select(0, positions.flatten()).view({-1, block_size_ + 1});
   using torch::indexing::None;
   using torch::indexing::Slice;
-  return {windows.index({Slice(), Slice(0, -1)}).contiguous(),
-          windows.index({Slice(), Slice(1, None)}).contiguous()};
+  return {{"input_ids", windows.index({Slice(), Slice(0, -1)}).contiguous()},
+          {"labels", windows.index({Slice(), Slice(1, None)}).contiguous()}};
 }
 
 torch::optional<size_t> TokenWindows::size() const { return static_cast<size_t>(count_); }

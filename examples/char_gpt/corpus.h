@@ -10,6 +10,8 @@
 #include <torch/data/example.h>
 #include <torch/types.h>
 
+#include <mantissa/batch.h>
+
 namespace mantissa::examples {
 
 /// The Jargon File (public domain), as Debian's `jargon-text` package installs it: 1.6 M
@@ -37,19 +39,19 @@ class CharVocabulary {
   std::vector<std::int64_t> id_of_;  // indexed by code point; -1 when absent
 };
 
-/// Windows of `block_size + 1` consecutive tokens of a token sequence, as (input, target)
-/// pairs: input = tokens [s, s + block_size), target = tokens [s + 1, s + block_size + 1).
-/// A batch dataset for the Trainer: a batch is gathered with one index_select.
+/// Windows of `block_size + 1` consecutive tokens of a token sequence, as batches of
+/// `input_ids` = tokens [s, s + block_size) and `labels` = tokens [s + 1, s + block_size + 1)
+/// (the next token at each position). A batch dataset for the Trainer: a batch is gathered
+/// with one index_select.
 ///
 /// `stride` 1 makes every start position an example, so the Trainer's seeded shuffle draws
 /// random windows (training); `stride` = block_size tiles the sequence without overlap, so
 /// each token is scored once (evaluation).
-class TokenWindows
-    : public torch::data::datasets::BatchDataset<TokenWindows, torch::data::Example<>> {
+class TokenWindows : public torch::data::datasets::BatchDataset<TokenWindows, mantissa::Batch> {
  public:
   TokenWindows(torch::Tensor tokens, std::int64_t block_size, std::int64_t stride);
 
-  torch::data::Example<> get_batch(c10::ArrayRef<size_t> indices) override;
+  mantissa::Batch get_batch(c10::ArrayRef<size_t> indices) override;
   torch::optional<size_t> size() const override;
 
  private:

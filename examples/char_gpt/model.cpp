@@ -93,6 +93,14 @@ torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
   return torch::nn::functional::linear(ln_f(x), wte->weight);
 }
 
+mantissa::ModelOutput CharGptImpl::forward(const mantissa::Batch& batch) {
+  auto logits = forward(batch.at("input_ids"));
+  if (!batch.contains("labels")) return logits;
+  const auto& labels = batch.at("labels");
+  auto loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1), labels.flatten());
+  return {std::move(loss), std::move(logits)};
+}
+
 torch::Tensor CharGptImpl::generate(torch::Tensor context, std::int64_t count, double temperature) {
   TORCH_CHECK_VALUE(temperature > 0, "temperature must be positive, got ", temperature);
   torch::NoGradGuard no_grad;

@@ -13,6 +13,9 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <mantissa/batch.h>
+#include <mantissa/model_output.h>
+
 namespace mantissa::examples {
 
 /// The shape of a `CharGpt`. Python: nanoGPT's `GPTConfig`, or `transformers.GPT2Config`
@@ -61,6 +64,10 @@ TORCH_MODULE(Block);
 struct CharGptImpl : torch::nn::Module {
   explicit CharGptImpl(const GptConfig& config);
   torch::Tensor forward(const torch::Tensor& ids);
+  /// What the Trainer calls, as HF's `GPT2LMHeadModel(**batch)`: the logits of
+  /// `batch["input_ids"]` and, when the batch has `labels` (the next token at each position),
+  /// their mean cross-entropy as the loss.
+  mantissa::ModelOutput forward(const mantissa::Batch& batch);
   /// Appends `count` tokens sampled at `temperature` from the model to `context` ([1, time]
   /// ids), cropping the context to the last block_size tokens. No grad; the model's device.
   torch::Tensor generate(torch::Tensor context, std::int64_t count, double temperature = 1.0);

@@ -15,6 +15,8 @@
 #include <mantissa/clip_grad.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
+#include <mantissa/model_forward.h>
+#include <mantissa/model_output.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
 #include <mantissa/precision_plan.h>

@@ -14,6 +14,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <mantissa/batch.h>
+#include <mantissa/model_forward.h>
+#include <mantissa/model_output.h>
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/trainer_hooks.h>
@@ -24,6 +26,7 @@ namespace mantissa {
 namespace amp {
 class GradScaler;
 }
+class LrScheduler;
 
 /// What `Trainer::train()` returns. Python: `transformers.trainer_utils.TrainOutput`.
 struct TrainOutput {
@@ -34,6 +37,20 @@ struct TrainOutput {
   LogEntry metrics;
 };
 
+/// What `Trainer::predict()` returns. Python: `transformers.trainer_utils.PredictionOutput`.
+struct PredictionOutput {
+  /// The logits of every example (or what `preprocess_logits_for_metrics` made of them),
+  /// concatenated along dimension 0, on the CPU, in fp32 for floating logits. Batches whose
+  /// dimension 1 differs (sequences of different lengths) are padded with -100, as HF does.
+  torch::Tensor predictions;
+  /// The labels of every example (the first of `label_names`), concatenated and padded the
+  /// same way; undefined when the dataset has no labels.
+  torch::Tensor label_ids;
+  /// `<prefix>_loss` (when a loss was computed), the user's metrics, `<prefix>_runtime`,
+  /// `<prefix>_samples_per_second`, `<prefix>_steps_per_second`.
+  LogEntry metrics;
+};
+
 /// The training loop of Hugging Face `Trainer`, in C++, with mantissa's precision mechanics:
 /// autocast, a dynamic GradScaler for fp16, fp32 master weights for low-precision models, TF32.
 ///
@@ -41,14 +58,19 @@ struct TrainOutput {
 ///     mantissa::Trainer trainer(model, args, train_dataset, eval_dataset);
 ///     trainer.train();
 ///     trainer.evaluate();
+///     auto predictions = trainer.predict(test_dataset);
 ///
 /// Python: `Trainer(model=model, args=args, train_dataset=..., eval_dataset=...).train()`.
 ///
-/// The model is a LibTorch module holder (or `shared_ptr`) whose `forward(Tensor)` returns
-/// logits; the default loss is cross-entropy on `batch.target`, and evaluation reports
-/// `eval_loss` and, for classification, `eval_accuracy`. Give `set_compute_loss` for anything
-/// else. Each step: forward and loss under autocast, loss / accumulation, scaled backward; at
-/// the accumulation boundary master grads, `unscale_`, `clip_grad_norm_`, `step` (skipped on
+/// The model is a LibTorch module holder (or `shared_ptr`) whose `forward` takes the batch
+/// (`const mantissa::Batch&`, entries by name) or its first tensors, and returns logits or a
+/// `ModelOutput` (see `make_forward`). A loss the model returns is the training loss, as in
+/// HF; else the loss is cross-entropy of the logits against the labels (`label_names`; by
+/// default the entry `labels`, else `target`). Give `set_compute_loss` for anything else.
+/// Evaluation reports `eval_loss` and, for classification, `eval_accuracy`.
+///
+/// Each step: forward and loss under autocast, loss / accumulation, scaled backward; at the
+/// accumulation boundary master grads, `unscale_`, `clip_grad_norm_`, `step` (skipped on
 /// overflow), cast back, scale update, and the scheduler only if the step ran. Steps sync with
 /// the device only to log (every `logging_steps`), to decide an fp16 skip, or to save.
 /// Move-only.
@@ -57,26 +79,36 @@ class Trainer {
   /// The functions a Trainer takes (include/mantissa/trainer_hooks.h), also spelled as
   /// members: `Trainer::LossFn` is `mantissa::LossFn`.
   using LossFn = mantissa::LossFn;
+  using LossWithOutputsFn = mantissa::LossWithOutputsFn;
+  using LossFromOutputsFn = mantissa::LossFromOutputsFn;
   using MetricsFn = mantissa::MetricsFn;
+  using PreprocessLogitsFn = mantissa::PreprocessLogitsFn;
   using ForwardFn = mantissa::ForwardFn;
   using OptimizerFactory = mantissa::OptimizerFactory;
   using SchedulerFactory = mantissa::SchedulerFactory;
 
-  /// A model, the arguments (validated here) and a training dataset.
+  /// A model, the arguments (validated here) and a training dataset: a `torch::data` dataset
+  /// (see `make_batch_source`) or a `BatchSource`.
   template <typename Model, typename TrainDataset>
   Trainer(Model model, TrainingArguments args, TrainDataset train_dataset)
-      : Trainer(module_of(model), forward_of(model), std::move(args),
+      : Trainer(module_of(model), make_forward(model), std::move(args),
                 make_batch_source(std::move(train_dataset)), std::nullopt) {}
 
   /// The same with an evaluation dataset, used by `evaluate()` and `eval_strategy`.
   template <typename Model, typename TrainDataset, typename EvalDataset>
   Trainer(Model model, TrainingArguments args, TrainDataset train_dataset, EvalDataset eval_dataset)
-      : Trainer(module_of(model), forward_of(model), std::move(args),
+      : Trainer(module_of(model), make_forward(model), std::move(args),
                 make_batch_source(std::move(train_dataset)),
                 make_batch_source(std::move(eval_dataset))) {}
 
-  /// The type-erased form the templates call.
+  /// The type-erased form the templates call: the module (whose parameters train) and its
+  /// forward pass on a batch.
   Trainer(std::shared_ptr<torch::nn::Module> module, ForwardFn forward, TrainingArguments args,
+          BatchSource train, std::optional<BatchSource> eval);
+  /// The same with a forward from one tensor to logits, which receives the batch's first
+  /// entry (`forward_of_first_entry`).
+  Trainer(std::shared_ptr<torch::nn::Module> module,
+          std::function<torch::Tensor(const torch::Tensor&)> forward, TrainingArguments args,
           BatchSource train, std::optional<BatchSource> eval);
 
   Trainer(Trainer&&) noexcept;
@@ -85,10 +117,20 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
 
-  /// Replaces the default loss (cross-entropy of `forward(batch.data)` against `batch.target`).
+  /// Replaces the default loss (the model's own, else cross-entropy against the labels).
   Trainer& set_compute_loss(LossFn fn);
-  /// Adds metrics to `evaluate()` from the concatenated logits and targets.
+  /// Replaces the default loss with one that also returns the model's outputs, which
+  /// evaluation and `predict()` then use instead of running the forward again.
+  Trainer& set_compute_loss(LossWithOutputsFn fn);
+  /// Replaces the default loss with a function of the model's outputs and the batch; the
+  /// Trainer runs the forward once. Python: `Trainer(compute_loss_func=fn)`.
+  Trainer& set_compute_loss_func(LossFromOutputsFn fn);
+  /// Adds metrics to `evaluate()` and `predict()` from the concatenated logits and labels.
+  /// Python: `Trainer(compute_metrics=fn)`.
   Trainer& set_compute_metrics(MetricsFn fn);
+  /// Reduces each evaluation batch's logits before they are kept for `compute_metrics` and
+  /// `predict()`. Python: `Trainer(preprocess_logits_for_metrics=fn)`.
+  Trainer& set_preprocess_logits_for_metrics(PreprocessLogitsFn fn);
   /// Replaces the optimizer chosen by `args.optim`.
   Trainer& set_optimizer_factory(OptimizerFactory factory);
   /// Replaces the schedule chosen by `args.lr_scheduler_type` (e.g. an `LrScheduler` built
@@ -100,7 +142,8 @@ class Trainer {
   /// Trains for `max_steps` or `num_train_epochs`, resuming from `args.resume_from_checkpoint`
   /// when set. Python: `trainer.train()`. Throws with a message saying what to change on bad
   /// input (empty dataset, existing output_dir, ...) before any work, and when training
-  /// diverges (fp16 overflow that does not stop, consecutive non-finite losses).
+  /// diverges (fp16 overflow that does not stop, consecutive non-finite losses). With
+  /// `load_best_model_at_end`, the model ends with the weights of the best checkpoint.
   TrainOutput train();
   /// Trains resuming from `checkpoint` (a `checkpoint-<step>` folder, or "latest").
   /// Python: `trainer.train(resume_from_checkpoint=checkpoint)`.
@@ -108,9 +151,33 @@ class Trainer {
 
   /// Runs the evaluation dataset (no grad, autocast as in training, or the model cast to
   /// bf16/fp16 for `bf16_full_eval`/`fp16_full_eval` outside training) and returns eval_loss,
-  /// eval_accuracy (classification), user metrics, eval_runtime, eval_samples_per_second.
-  /// Python: `trainer.evaluate()`. Syncs.
+  /// eval_accuracy (classification), user metrics, eval_runtime, eval_samples_per_second,
+  /// eval_steps_per_second; logs them and fires `on_evaluate`. Python: `trainer.evaluate()`.
+  /// Syncs.
   LogEntry evaluate();
+  /// The same with the metrics named `<metric_key_prefix>_loss`, ... . Python:
+  /// `trainer.evaluate(metric_key_prefix=...)`.
+  LogEntry evaluate(const std::string& metric_key_prefix);
+  /// Evaluates another dataset. Python: `trainer.evaluate(eval_dataset, metric_key_prefix=...)`.
+  LogEntry evaluate(BatchSource dataset, const std::string& metric_key_prefix = "eval");
+  /// The same for a `torch::data` dataset.
+  template <typename Dataset,
+            typename = std::enable_if_t<!std::is_convertible_v<Dataset, std::string> &&
+                                        !std::is_same_v<std::decay_t<Dataset>, BatchSource>>>
+  LogEntry evaluate(Dataset dataset, const std::string& metric_key_prefix = "eval") {
+    return evaluate(make_batch_source(std::move(dataset)), metric_key_prefix);
+  }
+
+  /// Runs `dataset` as an evaluation does and returns its predictions, labels and metrics
+  /// (prefixed `test_` by default); fires `on_predict`, logs nothing. Python:
+  /// `trainer.predict(test_dataset, metric_key_prefix="test")`. Syncs.
+  PredictionOutput predict(BatchSource dataset, const std::string& metric_key_prefix = "test");
+  /// The same for a `torch::data` dataset.
+  template <typename Dataset,
+            typename = std::enable_if_t<!std::is_same_v<std::decay_t<Dataset>, BatchSource>>>
+  PredictionOutput predict(Dataset dataset, const std::string& metric_key_prefix = "test") {
+    return predict(make_batch_source(std::move(dataset)), metric_key_prefix);
+  }
 
   /// Writes `model.safetensors` and `training_args.json` into `dir`. Python:
   /// `trainer.save_model(dir)`.
@@ -122,8 +189,10 @@ class Trainer {
   const PrecisionPlan& precision_plan() const;
   /// The loss scaler (disabled unless fp16).
   const amp::GradScaler& scaler() const;
-  /// The optimizer; created on first use (by `train()` or here).
+  /// The optimizer; created on first use (by `train()` or here). Python: `trainer.optimizer`.
   torch::optim::Optimizer& optimizer();
+  /// The learning-rate scheduler; created with the optimizer. Python: `trainer.lr_scheduler`.
+  LrScheduler& lr_scheduler();
 
  private:
   template <typename T>
@@ -133,10 +202,6 @@ class Trainer {
   template <typename T>
   static std::shared_ptr<torch::nn::Module> module_of(const std::shared_ptr<T>& model) {
     return model;
-  }
-  template <typename Model>
-  static ForwardFn forward_of(Model model) {
-    return [model](const torch::Tensor& input) mutable { return model->forward(input); };
   }
 
   class Impl;

@@ -9,7 +9,22 @@
 
 #include <mantissa/training_arguments.h>
 
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace mantissa {
+
+namespace amp {
+class GradScaler;
+}
+class LrScheduler;
+namespace detail {
+class CallbackHandler;
+}
 
 /// One entry of `TrainerState::log_history`: what a log line or an evaluation reported
 /// (`loss`, `learning_rate`, `grad_norm`, `eval_loss`, `epoch`, `step`, ...).
@@ -31,8 +46,12 @@ struct TrainerState {
   std::int64_t num_train_epochs = 0;
   /// Every log and evaluation entry so far, in order.
   std::vector<LogEntry> log_history;
-  /// Best value of the metric checkpoints are ranked by (`eval_loss`), when evaluated.
+  /// Best value so far of the metric checkpoints are ranked by (`metric_for_best_model`, by
+  /// default `eval_loss`), once evaluated.
   std::optional<double> best_metric;
+  /// The step whose evaluation gave `best_metric`, when it falls on a saved checkpoint's run.
+  std::optional<std::int64_t> best_global_step;
+  /// The checkpoint folder holding the weights of `best_metric`, once saved.
   std::optional<std::string> best_model_checkpoint;
   /// Input tokens seen so far (counted when batches hold integer token ids).
   std::int64_t num_input_tokens_seen = 0;
@@ -57,9 +76,30 @@ struct TrainerControl {
   bool should_log = false;
 };
 
+/// What a callback event reaches besides the arguments, state and control flags: the objects
+/// HF passes to its events as keyword arguments (`model`, `optimizer`, `lr_scheduler`).
+/// Valid during the event only; the Trainer owns everything it points to.
+struct TrainerCallbackContext {
+  /// The model being trained (cast and on its device once training has started).
+  torch::nn::Module* model = nullptr;
+  /// The optimizer; null before the Trainer created it.
+  torch::optim::Optimizer* optimizer = nullptr;
+  /// The learning-rate scheduler; null before the Trainer created it.
+  LrScheduler* lr_scheduler = nullptr;
+  /// The loss scaler (disabled unless fp16); null before the Trainer configured it.
+  const amp::GradScaler* scaler = nullptr;
+
+  /// The learning rate of the first param group, as the scheduler last set it (0 before the
+  /// scheduler exists). Host value; no sync.
+  double learning_rate() const;
+  /// The current loss scale; 1 when loss scaling is off. Syncs with the device when on.
+  double loss_scale() const;
+};
+
 /// Hooks into the training loop. Override the events you need; each gets the arguments, the
-/// state and the control flags it may set. Python: `transformers.TrainerCallback` (same event
-/// names). Called on the host between steps; none of them is made to sync with the device.
+/// state and the control flags it may set, and reaches the model, optimizer and scheduler
+/// through `context()`. Python: `transformers.TrainerCallback` (same event names). Called on
+/// the host between steps; none of them is made to sync with the device.
 class TrainerCallback {
  public:
   virtual ~TrainerCallback() = default;
@@ -79,6 +119,18 @@ class TrainerCallback {
   virtual void on_save(const TrainingArguments&, TrainerState&, TrainerControl&) {}
   virtual void on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
                       const LogEntry& /*logs*/) {}
+  /// After `Trainer::predict()` computed its metrics.
+  virtual void on_predict(const TrainingArguments&, TrainerState&, TrainerControl&,
+                          const LogEntry& /*metrics*/) {}
+
+ protected:
+  /// The Trainer's objects, during an event. Python: the event's `**kwargs`. Throws
+  /// `c10::Error` when called outside an event fired by a Trainer.
+  const TrainerCallbackContext& context() const;
+
+ private:
+  friend class detail::CallbackHandler;
+  const TrainerCallbackContext* context_ = nullptr;
 };
 
 /// Stops training when the evaluation metric has not improved for `patience` evaluations.

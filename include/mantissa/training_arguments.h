@@ -71,6 +71,9 @@
   X(std::optional<double>, eval_steps, std::nullopt,                                               \
     "Steps between evaluations with eval_strategy steps: a whole number, or a fraction in "        \
     "(0, 1) of the run's steps. Unset (or 0) follows logging_steps.")                              \
+  X(std::optional<std::vector<std::string>>, label_names, std::nullopt,                           \
+    "Names of the batch entries that hold labels (kept out of the predictions, compared by "      \
+    "compute_metrics). Unset uses labels, or target for a LibTorch Example batch.")                \
   /* ---- logging ---------------------------------------------------------------------- */        \
   X(Choice<IntervalStrategy>, logging_strategy, IntervalStrategy::kSteps,                          \
     "When to write a training log line: never, every logging_steps, or after each epoch.")         \
@@ -95,7 +98,17 @@
     "Steps between checkpoints with save_strategy steps: a whole number, or a fraction in "        \
     "(0, 1) of the run's steps.")                                                                  \
   X(std::optional<int64_t>, save_total_limit, std::nullopt,                                        \
-    "Most checkpoints kept in output_dir; older ones are removed. Unset keeps them all.")          \
+    "Most checkpoints kept in output_dir; older ones are removed, but never the best one. Unset "  \
+    "keeps them all.")                                                                             \
+  X(bool, load_best_model_at_end, false,                                                           \
+    "When training ends, load the weights of the checkpoint whose evaluation ranked best by "      \
+    "metric_for_best_model. Needs save_strategy equal to eval_strategy (or best).")                \
+  X(std::optional<std::string>, metric_for_best_model, std::nullopt,                               \
+    "The evaluation metric that ranks checkpoints, with or without its eval_ prefix (loss, "       \
+    "accuracy, or a compute_metrics key). Unset ranks by loss.")                                   \
+  X(std::optional<bool>, greater_is_better, std::nullopt,                                          \
+    "Whether a larger metric_for_best_model is better. Unset: false for a metric whose name "      \
+    "ends in loss, true otherwise.")                                                               \
   X(std::optional<std::string>, resume_from_checkpoint, std::nullopt,                              \
     "Checkpoint folder to continue from, or 'latest' for the newest checkpoint-<step> in "         \
     "output_dir.")                                                                                 \
@@ -292,6 +305,14 @@ class TrainingArguments {
 
   /// True for dynamic loss scaling (`loss_scale == 0`), false for a static scale.
   bool dynamic_loss_scale() const { return loss_scale_ == 0.0; }
+
+  /// The metric that ranks evaluations and checkpoints: `metric_for_best_model` with the
+  /// `eval_` prefix added when it lacks one, `eval_loss` when unset. Python: what
+  /// `Trainer._determine_best_metric` looks up.
+  std::string resolved_metric_for_best_model() const;
+  /// `greater_is_better` when set, else whether the metric's name does not end in `loss`
+  /// (HF's default).
+  bool resolved_greater_is_better() const;
 
   /// `eval_steps` when set and non-zero, else `logging_steps` (HF's fallback). May be a ratio
   /// (< 1) of the total steps: see `resolve_steps`.

@@ -15,9 +15,11 @@ namespace mantissa::detail {
 /// (`call_event`). Callbacks run on the host; firing an event never syncs with the device.
 class CallbackHandler {
  public:
-  /// A handler without callbacks, bound to the Trainer's arguments, state and control flags.
-  CallbackHandler(const TrainingArguments& args, TrainerState& state, TrainerControl& control)
-      : args_(&args), state_(&state), control_(&control) {}
+  /// A handler without callbacks, bound to the Trainer's arguments, state, control flags and
+  /// the context its events expose (whose pointers the Trainer fills in as it creates things).
+  CallbackHandler(const TrainingArguments& args, TrainerState& state, TrainerControl& control,
+                  const TrainerCallbackContext& context)
+      : args_(&args), state_(&state), control_(&control), context_(&context) {}
 
   /// Appends `callback` (not null).
   void add(std::shared_ptr<TrainerCallback> callback) { callbacks_.push_back(std::move(callback)); }
@@ -29,14 +31,30 @@ class CallbackHandler {
                                            Extra...),
             const Given&... extra) const {
     for (const auto& callback : callbacks_) {
+      // Set for the event only: one callback object may serve several Trainers.
+      const ContextScope scope(*callback, context_);
       ((*callback).*event)(*args_, *state_, *control_, extra...);
     }
   }
 
  private:
+  class ContextScope {
+   public:
+    ContextScope(TrainerCallback& callback, const TrainerCallbackContext* context)
+        : callback_(callback), saved_(std::exchange(callback.context_, context)) {}
+    ~ContextScope() { callback_.context_ = saved_; }
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+
+   private:
+    TrainerCallback& callback_;
+    const TrainerCallbackContext* saved_;
+  };
+
   const TrainingArguments* args_;
   TrainerState* state_;
   TrainerControl* control_;
+  const TrainerCallbackContext* context_;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks_;
 };
 

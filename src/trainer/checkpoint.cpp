@@ -292,6 +292,24 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
           [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
 }
 
+void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,
+                             amp::MasterWeights* masters) {
+  TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint folder '", dir, "' does not exist");
+  const auto file = [&](const char* name) { return io::join_path(dir, name); };
+  loading(file("model.safetensors"),
+          [&] { io::load_module_safetensors(file("model.safetensors"), model); });
+  if (masters == nullptr) return;
+  if (!io::path_exists(file("master_weights.pt"))) {
+    masters->copy_model_to_masters();
+    return;
+  }
+  loading(file("master_weights.pt"), [&] {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file("master_weights.pt"));
+    masters->load(archive);
+  });
+}
+
 std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {
   const auto path = io::join_path(dir, "training_args.json");
   if (!io::path_exists(path)) return std::nullopt;
@@ -324,23 +342,28 @@ std::string resolve_checkpoint(const std::string& requested, const std::string& 
 }
 
 void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
-                        const std::optional<std::string>& best_checkpoint) {
-  auto all = sorted_checkpoints(output_dir);
+                        const std::optional<std::string>& best_checkpoint, bool keep_latest) {
+  const auto all = sorted_checkpoints(output_dir);
   if (limit <= 0 || static_cast<std::int64_t>(all.size()) <= limit) return;
-  // HF keeps the best checkpoint: it is moved to the end so it is never among the oldest.
-  if (best_checkpoint) {
-    auto it = std::find(all.begin(), all.end(), *best_checkpoint);
-    if (it != all.end()) std::rotate(it, it + 1, all.end());
+  std::vector<std::string> kept;
+  if (keep_latest) kept.push_back(all.back());
+  if (best_checkpoint && std::find(all.begin(), all.end(), *best_checkpoint) != all.end() &&
+      std::find(kept.begin(), kept.end(), *best_checkpoint) == kept.end()) {
+    kept.push_back(*best_checkpoint);
   }
-  const auto excess = static_cast<std::int64_t>(all.size()) - limit;
-  // Renamed out of the checkpoint-<step> namespace first: a process killed while deleting
-  // leaves a deleting-... folder (removed by the next save), never a half-deleted checkpoint.
-  for (std::int64_t i = 0; i < excess; ++i) {
-    const auto& path = all[static_cast<std::size_t>(i)];
+  const auto keep = std::max<std::int64_t>(limit, static_cast<std::int64_t>(kept.size()));
+  auto remaining = static_cast<std::int64_t>(all.size());
+  // Oldest first. Renamed out of the checkpoint-<step> namespace first: a process killed while
+  // deleting leaves a deleting-... folder (removed by the next save), never a half-deleted
+  // checkpoint.
+  for (const auto& path : all) {
+    if (remaining <= keep) break;
+    if (std::find(kept.begin(), kept.end(), path) != kept.end()) continue;
     const auto name = path.substr(path.rfind('/') + 1);
     const auto aside = move_aside(output_dir, path, aside_prefix(kDeletingPrefix, name));
     if (checkpoint_remove_hook) checkpoint_remove_hook(aside);
     io::remove_all(aside);
+    --remaining;
   }
 }
 

@@ -59,6 +59,12 @@ void clean_interrupted_saves(const std::string& output_dir);
 /// naming the file.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 
+/// Loads only the weights of a checkpoint into `model`, and into `masters` when not null (from
+/// master_weights.pt, so that they are exact; from the model when the file is absent). What
+/// `load_best_model_at_end` does. A missing or corrupt file raises a c10::Error naming it.
+void load_checkpoint_weights(const std::string& checkpoint_dir, torch::nn::Module& model,
+                             amp::MasterWeights* masters);
+
 /// The arguments a checkpoint was saved with (`training_args.json`, read without validating
 /// them against this machine), or nullopt when the folder has none (a checkpoint of HF's
 /// Trainer). A corrupt file raises a c10::Error naming it.
@@ -70,10 +76,12 @@ std::vector<std::string> sorted_checkpoints(const std::string& output_dir);
 /// Resolves `resume_from_checkpoint`: "latest" is the newest checkpoint in `output_dir`.
 std::string resolve_checkpoint(const std::string& requested, const std::string& output_dir);
 
-/// Deletes the oldest checkpoints beyond `limit`, never the best one. Python: HF's
-/// `_rotate_checkpoints`.
+/// Deletes the oldest checkpoints until `limit` remain, never the newest (`keep_latest`, to
+/// resume from) nor the best one: with both protected and `limit` 1, two remain. Python: HF's
+/// `rotate_checkpoints`; `keep_latest` false is what HF does at the end of a run with
+/// `save_total_limit=1` (only the best stays).
 void rotate_checkpoints(const std::string& output_dir, std::int64_t limit,
-                        const std::optional<std::string>& best_checkpoint);
+                        const std::optional<std::string>& best_checkpoint, bool keep_latest = true);
 
 /// Called with each file's path before the checkpoint writer writes it; tests throw from it
 /// to simulate a failing disk. Empty in normal runs.

@@ -4,22 +4,80 @@
 #include <chrono>
 #include <vector>
 
-#include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
 #include <mantissa/amp/autocast.h>
 
+#include "trainer/batch_roles.h"
 #include "trainer/device_batch.h"
 
 namespace mantissa::detail {
+namespace {
 
-LogEntry run_evaluation(const EvaluationParts& parts, bool during_train) {
+/// A batch's loss and outputs: the user's function, else the model's forward and the default
+/// loss (undefined without labels).
+std::pair<torch::Tensor, ModelOutput> loss_and_outputs(const EvaluationParts& parts,
+                                                       const Batch& batch, bool need_logits) {
+  if (!parts.compute_loss) {
+    auto outputs = parts.forward(batch);
+    auto loss = default_loss(parts.args, outputs, batch);
+    return {std::move(loss), std::move(outputs)};
+  }
+  auto result = parts.compute_loss(batch);
+  // A loss function that returns no outputs: the forward runs again for the predictions.
+  if (need_logits && !result.second.logits.defined()) result.second = parts.forward(batch);
+  return result;
+}
+
+torch::Tensor host_copy(const torch::Tensor& t) {
+  auto out = t.detach();
+  if (c10::isFloatingType(out.scalar_type())) out = out.to(torch::kFloat);
+  return out.cpu();
+}
+
+}  // namespace
+
+torch::Tensor concat_padded(const std::vector<torch::Tensor>& tensors, double padding_value) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "concat_padded: nothing to concatenate");
+  const auto& first = tensors.front();
+  bool same = true;
+  std::int64_t longest = 0;
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(t.dim() == first.dim() && t.dim() >= 1,
+                      "the predictions of two evaluation batches have different ranks (",
+                      first.sizes(), " and ", t.sizes(), ")");
+    for (std::int64_t d = 2; d < t.dim(); ++d) {
+      TORCH_CHECK_VALUE(t.size(d) == first.size(d),
+                        "the predictions of two evaluation batches differ in dimension ", d, " (",
+                        first.sizes(), " and ", t.sizes(), "); only dimension 1 may differ");
+    }
+    if (t.dim() >= 2) {
+      same = same && t.size(1) == first.size(1);
+      longest = std::max(longest, t.size(1));
+    }
+  }
+  if (same) return torch::cat(tensors);
+  std::vector<torch::Tensor> padded;
+  padded.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    auto shape = t.sizes().vec();
+    shape[1] = longest;
+    auto out = torch::full(shape, padding_value, t.options());
+    out.narrow(1, 0, t.size(1)).copy_(t);
+    padded.push_back(std::move(out));
+  }
+  return torch::cat(padded);
+}
+
+EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource& dataset,
+                                const std::string& prefix, bool during_train,
+                                bool keep_predictions) {
   const auto& args = parts.args;
   const auto& device = parts.device;
   auto& module = parts.module;
-  TORCH_CHECK_VALUE(parts.eval.has_value(), "Trainer: evaluation requires an eval_dataset");
-  const auto& eval = *parts.eval;
-  TORCH_CHECK_VALUE(eval.size > 0, "the evaluation dataset is empty");
+  TORCH_CHECK_VALUE(dataset.size > 0, "the dataset to evaluate (", prefix, ") is empty");
+  TORCH_CHECK_VALUE(dataset.get_batch != nullptr, "the dataset to evaluate (", prefix,
+                    ") has no get_batch function");
   const auto start = std::chrono::steady_clock::now();
   const bool full_eval = !during_train && (args.bf16_full_eval() || args.fp16_full_eval());
   // HF casts the model for a full bf16/fp16 evaluation only outside training.
@@ -32,59 +90,78 @@ LogEntry run_evaluation(const EvaluationParts& parts, bool during_train) {
                          parts.plan.autocast ? parts.plan.compute_dtype : c10::kBFloat16,
                          parts.plan.autocast && !full_eval);
 
-  const auto n = static_cast<std::int64_t>(eval.size);
+  const auto n = static_cast<std::int64_t>(dataset.size);
   const auto batch_size = args.per_device_eval_batch_size();
-  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
-  const auto& compute_loss = parts.compute_loss;
-  const auto& compute_metrics = parts.compute_metrics;
-  bool classification = !compute_loss;
+  const auto on_device = torch::TensorOptions().device(device);
+  auto loss_sum = torch::zeros({}, on_device.dtype(torch::kDouble));
+  auto correct = torch::zeros({}, on_device.dtype(torch::kLong));
+  double loss_examples = 0;
+  std::int64_t steps = 0;
+  const bool gather = keep_predictions || static_cast<bool>(parts.compute_metrics);
+  bool classification = !parts.compute_loss;
   std::vector<torch::Tensor> predictions;
-  std::vector<torch::Tensor> targets;
+  std::vector<torch::Tensor> labels_seen;
   for (std::int64_t begin = 0; begin < n; begin += batch_size) {
     std::vector<std::size_t> indices;
     for (auto i = begin; i < std::min(n, begin + batch_size); ++i) {
       indices.push_back(static_cast<std::size_t>(i));
     }
-    const auto batch = to_device(eval.get_batch(indices), device, args.dataloader_pin_memory());
-    torch::Tensor loss;
-    torch::Tensor logits;
-    if (compute_loss) {
-      loss = compute_loss(batch);
-      if (compute_metrics) logits = parts.forward(batch.data);
-    } else {
-      logits = parts.forward(batch.data);
-      loss = torch::nn::functional::cross_entropy(logits, batch.target);
-    }
+    const auto batch = to_device(dataset.get_batch(indices), device, args.dataloader_pin_memory());
+    ++steps;
+    const auto [loss, outputs] = loss_and_outputs(parts, batch, gather);
+    const auto labels = labels_of(args, batch);
+    const auto& logits = outputs.logits;
     const auto count = static_cast<double>(indices.size());
-    loss_sum += loss.detach().to(torch::kDouble) * count;
-    if (classification && logits.dim() == 2 && batch.target.dim() == 1 &&
-        !c10::isFloatingType(batch.target.scalar_type())) {
-      correct += logits.argmax(1).eq(batch.target).sum();
+    if (loss.defined()) {
+      loss_sum += loss.detach().to(torch::kDouble) * count;
+      loss_examples += count;
+    }
+    if (classification && logits.defined() && logits.dim() == 2 && labels.defined() &&
+        labels.dim() == 1 && !c10::isFloatingType(labels.scalar_type())) {
+      correct += logits.argmax(1).eq(labels).sum();
     } else {
       classification = false;
     }
-    if (compute_metrics) {
-      predictions.push_back(logits.detach().to(torch::kFloat).cpu());
-      targets.push_back(batch.target.cpu());
+    if (gather) {
+      TORCH_CHECK_VALUE(logits.defined(),
+                        "the model returned no logits, which compute_metrics and predict() need; "
+                        "return ModelOutput(loss, logits) from its forward");
+      const auto kept = parts.preprocess_logits ? parts.preprocess_logits(logits, labels) : logits;
+      predictions.push_back(host_copy(kept));
+      if (labels.defined()) labels_seen.push_back(labels.detach().cpu());
     }
   }
-  LogEntry metrics{{"eval_loss", loss_sum.item<double>() / static_cast<double>(n)}};
+  EvaluationResult result;
+  auto& metrics = result.metrics;
+  if (loss_examples > 0) metrics[prefix + "_loss"] = loss_sum.item<double>() / loss_examples;
   if (classification) {
-    metrics["eval_accuracy"] =
+    metrics[prefix + "_accuracy"] =
         static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(n);
   }
-  if (compute_metrics) {
-    for (const auto& [key, value] : compute_metrics(torch::cat(predictions), torch::cat(targets))) {
-      metrics[key.rfind("eval_", 0) == 0 ? key : "eval_" + key] = value;
+  if (gather) {
+    result.predictions = concat_padded(predictions, -100);
+    // Labels count only when every batch had them.
+    if (!labels_seen.empty() && labels_seen.size() == predictions.size()) {
+      result.label_ids = concat_padded(labels_seen, -100);
+    }
+  }
+  if (parts.compute_metrics) {
+    const auto user_metrics = parts.compute_metrics(result.predictions, result.label_ids);
+    for (const auto& [key, value] : user_metrics) {
+      metrics[key.rfind(prefix + "_", 0) == 0 ? key : prefix + "_" + key] = value;
     }
   }
   const double runtime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics["eval_runtime"] = runtime;
-  metrics["eval_samples_per_second"] = runtime > 0 ? static_cast<double>(n) / runtime : 0.0;
+  metrics[prefix + "_runtime"] = runtime;
+  metrics[prefix + "_samples_per_second"] = runtime > 0 ? static_cast<double>(n) / runtime : 0.0;
+  metrics[prefix + "_steps_per_second"] = runtime > 0 ? static_cast<double>(steps) / runtime : 0.0;
   if (was_training) module.train();
-  return metrics;
+  if (!keep_predictions) {
+    result.predictions = torch::Tensor();
+    result.label_ids = torch::Tensor();
+  }
+  return result;
 }
 
 }  // namespace mantissa::detail

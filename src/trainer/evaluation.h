@@ -1,8 +1,9 @@
 #pragma once
-// The evaluation loop: the eval dataset in order, under no_grad, its loss and accuracy.
+// The evaluation loop: a dataset in order, under no_grad, its loss, accuracy, predictions and
+// the user's metrics.
 
 #include <cstdint>
-#include <optional>
+#include <string>
 
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
@@ -20,20 +21,40 @@ struct EvaluationParts {
   c10::Device device;
   torch::nn::Module& module;
   const ForwardFn& forward;
-  /// The user's loss; empty for cross-entropy of `forward(batch.data)` on `batch.target`.
-  const LossFn& compute_loss;
+  /// The user's loss (with the outputs when it has them); empty for the default loss.
+  const LossWithOutputsFn& compute_loss;
   /// Empty for none.
   const MetricsFn& compute_metrics;
-  const std::optional<BatchSource>& eval;
+  /// Empty to keep the logits as they are.
+  const PreprocessLogitsFn& preprocess_logits;
 };
 
-/// Runs the evaluation dataset in batches of `per_device_eval_batch_size` and returns
-/// `eval_loss` (the example-weighted mean), `eval_accuracy` (when every batch looks like
-/// classification: 2-d logits, 1-d integer targets, the default loss), the user's metrics
-/// (prefixed `eval_`), `eval_runtime` and `eval_samples_per_second`. Outside training
-/// (`during_train` false) `bf16_full_eval` / `fp16_full_eval` cast the model first, as HF.
-/// The model's train/eval mode is restored. Python: `Trainer.evaluation_loop`. Syncs.
-/// Throws `c10::ValueError` without an eval dataset or with an empty one.
-LogEntry run_evaluation(const EvaluationParts& parts, bool during_train);
+/// What `run_evaluation` returns: the metrics, and the predictions and labels when asked for.
+struct EvaluationResult {
+  LogEntry metrics;
+  /// Concatenated (padded) logits, on the CPU; undefined unless kept.
+  torch::Tensor predictions;
+  /// Concatenated (padded) labels, on the CPU; undefined unless kept or without labels.
+  torch::Tensor label_ids;
+};
+
+/// Runs `dataset` in batches of `per_device_eval_batch_size` and returns `<prefix>_loss` (the
+/// example-weighted mean; absent when no batch had a loss), `<prefix>_accuracy` (when every
+/// batch looks like classification: 2-d logits, 1-d integer labels, the default loss), the
+/// user's metrics (prefixed), `<prefix>_runtime`, `<prefix>_samples_per_second` and
+/// `<prefix>_steps_per_second`. The logits and labels are gathered when `keep_predictions` or
+/// when `compute_metrics` needs them. Outside training (`during_train` false)
+/// `bf16_full_eval` / `fp16_full_eval` cast the model first, as HF. The model's train/eval
+/// mode is restored. Python: `Trainer.evaluation_loop`. Syncs. Throws `c10::ValueError` for an
+/// empty dataset.
+EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource& dataset,
+                                const std::string& prefix, bool during_train,
+                                bool keep_predictions);
+
+/// Concatenates per-batch tensors along dimension 0; when their dimension 1 differs (sequences
+/// of different lengths) each is first padded there with `padding_value`. Python: HF's
+/// `nested_concat(..., padding_index=-100)`. Throws `c10::ValueError` when the tensors differ
+/// in another dimension or in rank.
+torch::Tensor concat_padded(const std::vector<torch::Tensor>& tensors, double padding_value);
 
 }  // namespace mantissa::detail

@@ -1,5 +1,7 @@
 #include "trainer/graph_engine.h"
 
+#include "trainer/device_batch.h"
+
 #include <exception>
 
 #include <fmt/format.h>
@@ -90,7 +92,7 @@ torch::Tensor GraphEngine::last_grad_norm() const {
 void GraphEngine::graphed_step(const Batch& batch) {
   last_replayed_ = false;
   if (graph_->captured() && !graph_->fits(batch)) {
-    const auto shape = c10::str(batch.data.sizes());
+    const auto shape = describe_shapes(batch);
     if (eager_shapes_logged_.insert(shape).second) {
       parts_.progress.print(fmt::format(
           "cuda_graph: a batch of shape {} does not fit the captured step ({}); it runs eagerly",
@@ -103,7 +105,7 @@ void GraphEngine::graphed_step(const Batch& batch) {
     for (auto& [param, grad] : captured_grads_) param.mutable_grad() = grad;
     return;
   }
-  if (!graph_->captured() && batch.data.size(0) != parts_.args.per_device_train_batch_size()) {
+  if (!graph_->captured() && batch.num_examples() != parts_.args.per_device_train_batch_size()) {
     eager_.forward_backward(batch, 1);  // a short batch: capture the next full one instead
     eager_.update();
     return;

@@ -1,6 +1,8 @@
 // StepGraph: at::cuda::CUDAGraph around the Trainer's step; a stub without CUDA.
 #include "trainer/step_graph.h"
 
+#include "trainer/device_batch.h"
+
 #include <fmt/format.h>
 
 #include <ATen/ATen.h>
@@ -18,10 +20,6 @@
 
 namespace mantissa::detail {
 namespace {
-
-[[maybe_unused]] std::string describe(const at::Tensor& t) {
-  return fmt::format("{} {}", c10::str(t.sizes()), c10::toString(t.scalar_type()));
-}
 
 [[maybe_unused]] bool same_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && a.device() == b.device();
@@ -112,7 +110,7 @@ StepGraph::~StepGraph() {
 
 void StepGraph::capture(const Batch& batch, const std::function<void(const Batch&)>& step) {
   TORCH_CHECK(!state_->captured, "StepGraph: the step is already captured");
-  state_->inputs = Batch(batch.data.clone(), batch.target.clone());
+  state_->inputs = batch.map([](const torch::Tensor& t) { return t.clone(); });
   // As torch.cuda.graph does: hand the warm-up's cached blocks back first, so the graph's
   // private pool does not come on top of them.
   c10::cuda::device_synchronize();
@@ -148,24 +146,28 @@ void StepGraph::capture(const Batch& batch, const std::function<void(const Batch
 
 void StepGraph::replay(const Batch& batch) {
   TORCH_CHECK(state_->captured, "StepGraph: replay before capture");
-  TORCH_CHECK(fits(batch), "StepGraph: the batch (data ", describe(batch.data),
+  TORCH_CHECK(fits(batch), "StepGraph: the batch (", describe_shapes(batch),
               ") does not fit the captured one (", describe_captured(), ")");
-  state_->inputs.data.copy_(batch.data, /*non_blocking=*/true);
-  state_->inputs.target.copy_(batch.target, /*non_blocking=*/true);
+  batch.for_each([&](const std::string& name, const torch::Tensor& t) {
+    state_->inputs.at(name).copy_(t, /*non_blocking=*/true);
+  });
   state_->graph->replay();
 }
 
 bool StepGraph::captured() const noexcept { return state_->captured; }
 
 bool StepGraph::fits(const Batch& batch) const {
-  return state_->captured && same_layout(batch.data, state_->inputs.data) &&
-         same_layout(batch.target, state_->inputs.target);
+  if (!state_->captured || batch.names() != state_->inputs.names()) return false;
+  bool same = true;
+  batch.for_each([&](const std::string& name, const torch::Tensor& t) {
+    same = same && same_layout(t, state_->inputs.at(name));
+  });
+  return same;
 }
 
 std::string StepGraph::describe_captured() const {
   if (!state_->captured) return "nothing captured";
-  return fmt::format("data {}, target {}", describe(state_->inputs.data),
-                     describe(state_->inputs.target));
+  return describe_shapes(state_->inputs);
 }
 
 #else  // !MANTISSA_WITH_CUDA

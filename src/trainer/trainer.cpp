@@ -6,12 +6,12 @@
 
 #include <c10/util/StringUtil.h>
 #include <fmt/format.h>
-#include <torch/nn/functional/loss.h>
 
 #include <mantissa/io/safetensors.h>
 
 #include "io/filesystem.h"
 
+#include "trainer/batch_roles.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluation.h"
 #include "trainer/precision_plan.h"
@@ -55,6 +55,14 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   for (auto& callback : detail::make_reporting_callbacks(args_)) {
     callbacks_.add(std::move(callback));
   }
+  update_callback_context();
+}
+
+void Trainer::Impl::update_callback_context() {
+  callback_context_.model = module_.get();
+  callback_context_.optimizer = optimizer_.optimizer.get();
+  callback_context_.lr_scheduler = scheduler_.get();
+  callback_context_.scaler = prepared() ? &scaler_ : nullptr;
 }
 
 // ---- setup ----------------------------------------------------------------------------------
@@ -99,6 +107,7 @@ void Trainer::Impl::prepare() {
           .min_scale(args_.min_loss_scale())
           .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
   scheduler_ = std::move(scheduler);  // last: it marks the Trainer prepared
+  update_callback_context();
 }
 
 void Trainer::Impl::check_output_dir(bool resuming) const {
@@ -164,9 +173,8 @@ detail::CheckpointParts Trainer::Impl::checkpoint_parts() {
 }
 
 torch::Tensor Trainer::Impl::compute_loss(const Batch& batch) {
-  if (compute_loss_) return compute_loss_(batch);
-  auto logits = forward_(batch.data);
-  return torch::nn::functional::cross_entropy(logits, batch.target);
+  if (compute_loss_) return compute_loss_(batch).first;
+  return detail::required_default_loss(args_, forward_(batch), batch);
 }
 
 detail::StepParts Trainer::Impl::step_parts(detail::LossWindow& loss_window) {
@@ -199,18 +207,67 @@ void Trainer::Impl::log(LogEntry logs) {
   callbacks_.fire(&TrainerCallback::on_log, logs);
 }
 
-LogEntry Trainer::Impl::evaluate(bool during_train) {
-  const detail::EvaluationParts parts{args_,    plan_,         device_,          *module_,
-                                      forward_, compute_loss_, compute_metrics_, eval_};
-  const auto metrics = detail::run_evaluation(parts, during_train);
-  const double value = metrics.at("eval_loss");
-  if (std::isfinite(value) && (!state_.best_metric || value < *state_.best_metric)) {
-    state_.best_metric = value;
-    best_unsaved_ = true;
+LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& prefix,
+                                 bool during_train) {
+  if (dataset == nullptr) {
+    TORCH_CHECK_VALUE(eval_.has_value(),
+                      "Trainer: evaluation requires an eval_dataset (give one to the Trainer's "
+                      "constructor, or to evaluate())");
+    dataset = &*eval_;
   }
+  const detail::EvaluationParts parts{
+      args_,    plan_,         device_,          *module_,
+      forward_, compute_loss_, compute_metrics_, preprocess_logits_};
+  const auto metrics = detail::run_evaluation(parts, *dataset, prefix, during_train,
+                                              /*keep_predictions=*/false)
+                           .metrics;
+  if (during_train && update_best_metric(metrics)) best_unsaved_ = true;
   log(metrics);
   callbacks_.fire(&TrainerCallback::on_evaluate, metrics);
   return metrics;
+}
+
+PredictionOutput Trainer::Impl::predict(const BatchSource& dataset, const std::string& prefix) {
+  const detail::EvaluationParts parts{
+      args_,    plan_,         device_,          *module_,
+      forward_, compute_loss_, compute_metrics_, preprocess_logits_};
+  auto result = detail::run_evaluation(parts, dataset, prefix, /*during_train=*/false,
+                                       /*keep_predictions=*/true);
+  callbacks_.fire(&TrainerCallback::on_predict, result.metrics);
+  return PredictionOutput{std::move(result.predictions), std::move(result.label_ids),
+                          std::move(result.metrics)};
+}
+
+bool Trainer::Impl::update_best_metric(const LogEntry& metrics) {
+  const auto metric = args_.resolved_metric_for_best_model();
+  const auto it = metrics.find(metric);
+  if (it == metrics.end()) {
+    std::vector<std::string> names;
+    for (const auto& entry : metrics) names.push_back(entry.first);
+    TORCH_CHECK_VALUE(false, "metric_for_best_model is '", metric,
+                      "', but the evaluation reported no such metric; it reported ",
+                      c10::Join(", ", names),
+                      ". Set metric_for_best_model to one of them, or add it in compute_metrics.");
+  }
+  const double value = it->second;
+  if (!std::isfinite(value)) return false;  // a nan or inf evaluation never ranks best
+  const bool greater = args_.resolved_greater_is_better();
+  if (state_.best_metric &&
+      !(greater ? value > *state_.best_metric : value < *state_.best_metric)) {
+    return false;
+  }
+  state_.best_metric = value;
+  state_.best_global_step = state_.global_step;
+  return true;
+}
+
+void Trainer::Impl::load_best_model() {
+  const auto& dir = *state_.best_model_checkpoint;
+  progress_->print(fmt::format(
+      "mantissa: loading the best model from {} ({} {})", dir,
+      args_.resolved_metric_for_best_model(),
+      state_.best_metric ? fmt::format("{:g}", *state_.best_metric) : std::string("unknown")));
+  detail::load_checkpoint_weights(dir, *module_, masters_.get());
 }
 
 void Trainer::Impl::save_checkpoint() {
@@ -242,16 +299,43 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, ForwardFn forward,
     : impl_(std::make_unique<Impl>(std::move(module), std::move(forward), std::move(args),
                                    std::move(train), std::move(eval))) {}
 
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> module,
+                 std::function<torch::Tensor(const torch::Tensor&)> forward, TrainingArguments args,
+                 BatchSource train, std::optional<BatchSource> eval)
+    : Trainer(std::move(module), forward_of_first_entry(std::move(forward)), std::move(args),
+              std::move(train), std::move(eval)) {}
+
 Trainer::Trainer(Trainer&&) noexcept = default;
 Trainer& Trainer::operator=(Trainer&&) noexcept = default;
 Trainer::~Trainer() = default;
 
 Trainer& Trainer::set_compute_loss(LossFn fn) {
+  TORCH_CHECK_VALUE(fn != nullptr, "set_compute_loss: the function is empty");
+  impl_->compute_loss_ = [fn = std::move(fn)](const Batch& batch) {
+    return std::pair<torch::Tensor, ModelOutput>(fn(batch), ModelOutput());
+  };
+  return *this;
+}
+Trainer& Trainer::set_compute_loss(LossWithOutputsFn fn) {
+  TORCH_CHECK_VALUE(fn != nullptr, "set_compute_loss: the function is empty");
   impl_->compute_loss_ = std::move(fn);
+  return *this;
+}
+Trainer& Trainer::set_compute_loss_func(LossFromOutputsFn fn) {
+  TORCH_CHECK_VALUE(fn != nullptr, "set_compute_loss_func: the function is empty");
+  impl_->compute_loss_ = [fn = std::move(fn), forward = impl_->forward_](const Batch& batch) {
+    auto outputs = forward(batch);
+    auto loss = fn(outputs, batch);
+    return std::pair<torch::Tensor, ModelOutput>(std::move(loss), std::move(outputs));
+  };
   return *this;
 }
 Trainer& Trainer::set_compute_metrics(MetricsFn fn) {
   impl_->compute_metrics_ = std::move(fn);
+  return *this;
+}
+Trainer& Trainer::set_preprocess_logits_for_metrics(PreprocessLogitsFn fn) {
+  impl_->preprocess_logits_ = std::move(fn);
   return *this;
 }
 Trainer& Trainer::set_optimizer_factory(OptimizerFactory factory) {
@@ -275,9 +359,21 @@ Trainer& Trainer::add_callback(std::shared_ptr<TrainerCallback> callback) {
 TrainOutput Trainer::train() { return impl_->train(std::nullopt); }
 TrainOutput Trainer::train(const std::string& checkpoint) { return impl_->train(checkpoint); }
 
-LogEntry Trainer::evaluate() {
+LogEntry Trainer::evaluate() { return evaluate(std::string("eval")); }
+
+LogEntry Trainer::evaluate(const std::string& metric_key_prefix) {
   impl_->prepare();
-  return impl_->evaluate(/*during_train=*/false);
+  return impl_->evaluate(nullptr, metric_key_prefix, /*during_train=*/false);
+}
+
+LogEntry Trainer::evaluate(BatchSource dataset, const std::string& metric_key_prefix) {
+  impl_->prepare();
+  return impl_->evaluate(&dataset, metric_key_prefix, /*during_train=*/false);
+}
+
+PredictionOutput Trainer::predict(BatchSource dataset, const std::string& metric_key_prefix) {
+  impl_->prepare();
+  return impl_->predict(dataset, metric_key_prefix);
 }
 
 void Trainer::save_model(const std::string& dir) const {
@@ -293,6 +389,10 @@ const amp::GradScaler& Trainer::scaler() const { return impl_->scaler_; }
 torch::optim::Optimizer& Trainer::optimizer() {
   impl_->prepare();
   return *impl_->optimizer_.optimizer;
+}
+LrScheduler& Trainer::lr_scheduler() {
+  impl_->prepare();
+  return *impl_->scheduler_;
 }
 
 }  // namespace mantissa

@@ -49,9 +49,11 @@ class Trainer::Impl {
   /// What a checkpoint saves and restores: the model, masters, optimizer, scheduler, scaler,
   /// state and arguments.
   detail::CheckpointParts checkpoint_parts();
-  /// The loss of one batch: the user's, or cross-entropy of the logits. Under autocast when
-  /// the caller says so.
+  /// The training loss of one batch: the user's, else the model's own, else cross-entropy of
+  /// the logits against the labels. Called under autocast by the step engines.
   torch::Tensor compute_loss(const Batch& batch);
+  /// Points the callback context at what exists now (after prepare(), the optimizer too).
+  void update_callback_context();
   /// What a step engine works on during a `train()` that reports through `progress_`.
   detail::StepParts step_parts(detail::LossWindow& loss_window);
 
@@ -60,9 +62,18 @@ class Trainer::Impl {
   /// Records `logs` (with the epoch, and the step in the history and trainer_log.jsonl),
   /// prints it and fires `on_log`. Python: `Trainer.log`.
   void log(LogEntry logs);
-  /// Runs the evaluation, updates `best_metric`, logs the metrics and fires `on_evaluate`.
-  /// Python: `Trainer.evaluate`. Syncs.
-  LogEntry evaluate(bool during_train);
+  /// Evaluates `dataset` (the eval dataset when null), logs the metrics and fires
+  /// `on_evaluate`; during training also updates the best metric. Python: `Trainer.evaluate`.
+  /// Syncs.
+  LogEntry evaluate(const BatchSource* dataset, const std::string& prefix, bool during_train);
+  /// Runs `dataset` as an evaluation, keeping the predictions; fires `on_predict`.
+  PredictionOutput predict(const BatchSource& dataset, const std::string& prefix);
+  /// Whether `metrics` improve the best metric (`metric_for_best_model`); records it, and the
+  /// step, when they do. Python: `Trainer._determine_best_metric`.
+  bool update_best_metric(const LogEntry& metrics);
+  /// Loads the weights of `best_model_checkpoint` into the model (and its masters).
+  /// Python: `Trainer._load_best_model`.
+  void load_best_model();
   /// Writes `checkpoint-<global_step>`, rotates old ones, fires `on_save`. Syncs.
   void save_checkpoint();
 
@@ -95,8 +106,9 @@ class Trainer::Impl {
   c10::Device device_;                         ///< where the model trains (`args.device()`)
   PrecisionPlan plan_;                         ///< decided at construction
   detail::IntervalPolicy intervals_;           ///< the strategies, parsed at construction
-  LossFn compute_loss_;                        ///< set_compute_loss; empty: cross-entropy
+  LossWithOutputsFn compute_loss_;             ///< set_compute_loss*; empty: the default loss
   MetricsFn compute_metrics_;                  ///< set_compute_metrics; empty: none
+  PreprocessLogitsFn preprocess_logits_;       ///< set_preprocess_logits_for_metrics
   OptimizerFactory optimizer_factory_;         ///< set_optimizer_factory; empty: args.optim
   SchedulerFactory scheduler_factory_;         ///< set_lr_scheduler_factory; empty: args'
 
@@ -104,8 +116,10 @@ class Trainer::Impl {
 
   TrainerState state_;      ///< reset by each train(), restored when resuming
   TrainerControl control_;  ///< the flags callbacks set
-  /// The callbacks, bound to `args_`, `state_` and `control_` (declared before it).
-  detail::CallbackHandler callbacks_{args_, state_, control_};
+  /// What callback events reach through `context()`; filled by update_callback_context().
+  TrainerCallbackContext callback_context_;
+  /// The callbacks, bound to `args_`, `state_`, `control_` and the context (declared before).
+  detail::CallbackHandler callbacks_{args_, state_, control_, callback_context_};
   /// An evaluation improved `best_metric` since the last checkpoint: the next one is the best.
   bool best_unsaved_ = false;
 

@@ -11,6 +11,7 @@
 
 #include <mantissa/amp/tf32_guard.h>
 
+#include "trainer/batch_roles.h"
 #include "trainer/checkpoint.h"
 #include "trainer/device_batch.h"
 #include "trainer/eager_engine.h"
@@ -126,6 +127,12 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
       {"train_steps_per_second", runtime > 0 ? static_cast<double>(steps_done) / runtime : 0.0},
       {"train_loss", train_loss}};
   log(metrics);
+  if (args_.load_best_model_at_end() && state_.best_model_checkpoint) load_best_model();
+  if (state_.best_model_checkpoint && args_.save_total_limit() == 1) {
+    // HF: with a limit of one, the run ends with the best checkpoint alone.
+    detail::rotate_checkpoints(args_.output_dir(), 1, state_.best_model_checkpoint,
+                               /*keep_latest=*/false);
+  }
   callbacks_.fire(&TrainerCallback::on_train_end);
   return TrainOutput{state_.global_step, train_loss, metrics};
 }
@@ -147,12 +154,12 @@ void Trainer::Impl::train_epoch(Run& run, std::int64_t epoch, std::int64_t skip)
     const auto group = schedule_.group_of(b);
     if (b == group.group_start) callbacks_.fire(&TrainerCallback::on_step_begin);
     const auto batch = detail::to_device(batches.get(b), device_, args_.dataloader_pin_memory());
-    const auto batch_examples = batch.data.size(0);
+    const auto batch_examples = batch.num_examples();
     run.samples_since_log += batch_examples;
     run.samples_seen += batch_examples;
-    if (!c10::isFloatingType(batch.data.scalar_type())) {
-      run.tokens_since_log += batch.data.numel();
-      state_.num_input_tokens_seen += batch.data.numel();
+    if (const auto tokens = detail::token_ids_of(batch); tokens.defined()) {
+      run.tokens_since_log += tokens.numel();
+      state_.num_input_tokens_seen += tokens.numel();
     }
 
     ++state_.steps_in_epoch;
@@ -180,7 +187,7 @@ void Trainer::Impl::maybe_log_save_evaluate(Run& run, bool epoch_end) {
   }
   control_.should_log = false;
   if (control_.should_evaluate && eval_) {
-    evaluate(/*during_train=*/true);
+    evaluate(nullptr, "eval", /*during_train=*/true);
     if (detail::save_after_evaluation(intervals_, best_unsaved_)) control_.should_save = true;
   }
   control_.should_evaluate = false;

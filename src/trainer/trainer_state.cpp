@@ -1,4 +1,4 @@
-// trainer_state.json and the early-stopping callback.
+// trainer_state.json, the callback context and the early-stopping callback.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer_callback.h>
 
 #include "io/json_number.h"
@@ -66,6 +68,7 @@ void check_ranges(const TrainerState& state) {
   non_negative("train_batch_size", state.train_batch_size);
   non_negative("num_train_epochs", state.num_train_epochs);
   non_negative("num_input_tokens_seen", state.num_input_tokens_seen);
+  if (state.best_global_step) non_negative("best_global_step", *state.best_global_step);
   non_negative("mantissa.steps_in_epoch", state.steps_in_epoch);
   non_negative("mantissa.skipped_steps", state.skipped_steps);
   for (const auto& [key, value] :
@@ -95,6 +98,7 @@ std::string TrainerState::to_json() const {
     history.push_back(std::move(item));
   }
   json doc = {
+      {"best_global_step", best_global_step ? json(*best_global_step) : json(nullptr)},
       {"best_metric", best_metric ? json(*best_metric) : json(nullptr)},
       {"best_model_checkpoint",
        best_model_checkpoint ? json(*best_model_checkpoint) : json(nullptr)},
@@ -139,6 +143,9 @@ TrainerState TrainerState::from_json(const std::string& text) {
     state.train_batch_size = integer(doc, "train_batch_size", 0);
     state.num_train_epochs = integer(doc, "num_train_epochs", 0);
     state.num_input_tokens_seen = integer(doc, "num_input_tokens_seen", 0);
+    if (doc.contains("best_global_step") && !doc["best_global_step"].is_null()) {
+      state.best_global_step = integer(doc, "best_global_step", std::nullopt);
+    }
     if (doc.contains("best_metric") && !doc["best_metric"].is_null()) {
       state.best_metric = doc["best_metric"].get<double>();
     }
@@ -159,6 +166,22 @@ TrainerState TrainerState::from_json(const std::string& text) {
   }
   check_ranges(state);
   return state;
+}
+
+double TrainerCallbackContext::learning_rate() const {
+  if (lr_scheduler == nullptr) return 0.0;
+  const auto lrs = lr_scheduler->get_last_lr();
+  return lrs.empty() ? 0.0 : lrs.front();
+}
+
+double TrainerCallbackContext::loss_scale() const {
+  return scaler != nullptr && scaler->is_enabled() ? scaler->get_scale() : 1.0;
+}
+
+const TrainerCallbackContext& TrainerCallback::context() const {
+  TORCH_CHECK(context_ != nullptr,
+              "TrainerCallback::context() is only available inside an event a Trainer fires");
+  return *context_;
 }
 
 EarlyStoppingCallback::EarlyStoppingCallback(std::int64_t patience, double threshold,

@@ -87,6 +87,19 @@ void from_cli(const std::string& /*flag*/, const std::string& text, Choice<E>& o
   out = Choice<E>(text);
 }
 
+// A list flag takes one or more values (`--label_names start_positions end_positions`); CLI11
+// hands them over one at a time, and they accumulate.
+void from_cli(const std::string& flag, const std::string& text,
+              std::optional<std::vector<std::string>>& out) {
+  if (text == "None" || text == "none" || text == "null") {
+    out.reset();
+    return;
+  }
+  TORCH_CHECK_VALUE(!text.empty(), flag, ": expected a name, got an empty string");
+  if (!out) out.emplace();
+  out->push_back(text);
+}
+
 template <class T>
 void from_cli(const std::string& flag, const std::string& text, std::optional<T>& out) {
   if (text == "None" || text == "none" || text == "null") {
@@ -117,6 +130,10 @@ template <>
 struct CliType<std::string> {
   static std::string name() { return "TEXT"; }
 };
+template <>
+struct CliType<std::vector<std::string>> {
+  static std::string name() { return "TEXT [TEXT ...]"; }
+};
 template <class E>
 struct CliType<Choice<E>> {
   static std::string name() {
@@ -133,6 +150,8 @@ struct CliType<std::optional<T>> : CliType<T> {};
 
 template <class T>
 constexpr bool is_bool_field = std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>;
+template <class T>
+constexpr bool is_list_field = std::is_same_v<T, std::optional<std::vector<std::string>>>;
 
 // ---------------------------------------------------------------------------------------------
 // The parser: one CLI11 option per flag spelling, each bound to a setter. CLI11 only collects
@@ -158,10 +177,15 @@ std::string dashed(std::string name) {
 }
 
 CLI::Option* add_value_option(Cli& cli, const std::string& flag, const std::string& description,
-                              bool optional_value, const std::string& type_text) {
+                              bool optional_value, bool list_value, const std::string& type_text) {
   CLI::Option* opt = cli.app.add_option(
       flag, CLI::callback_t([](const CLI::results_t&) { return true; }), description);
-  opt->expected(optional_value ? 0 : 1, 1);
+  if (list_value) {
+    opt->expected(1, CLI::detail::expected_max_vector_size);
+    opt->allow_extra_args(true);  // CLI11 takes only one value per occurrence otherwise
+  } else {
+    opt->expected(optional_value ? 0 : 1, 1);
+  }
   opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   opt->option_text(type_text);  // CLI11 puts the space in front
   opt->type_name(type_text);    // for CLI11's "--learning_rate: 1 required FLOAT missing"
@@ -195,14 +219,15 @@ void add_field(Cli& cli, const std::string& name, const std::string& help, const
                               const std::string& value) { from_cli(flag, value, access(args)); };
   const std::string type_text = CliType<T>::name();
   const std::string description = help + " (default: " + detail::help_repr(default_value) + ")";
-  CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>, type_text);
+  CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>,
+                                       is_list_field<T>, type_text);
   cli.bindings.emplace(main, Binding{"--" + name, set});
   if (name.find('_') != std::string::npos) {
     // HfArgumentParser also takes the dashed spelling; the footer says so once instead of
     // doubling every line of --help.
     const std::string alias_flag = "--" + dashed(name);
-    CLI::Option* alias =
-        add_value_option(cli, alias_flag, description, is_bool_field<T>, type_text);
+    CLI::Option* alias = add_value_option(cli, alias_flag, description, is_bool_field<T>,
+                                          is_list_field<T>, type_text);
     alias->group("");
     cli.bindings.emplace(alias, Binding{alias_flag, set});
   }

@@ -32,6 +32,19 @@ double TrainingArguments::resolved_eval_steps() const {
   return eval_steps_ && *eval_steps_ != 0 ? *eval_steps_ : logging_steps_;
 }
 
+std::string TrainingArguments::resolved_metric_for_best_model() const {
+  const std::string metric = metric_for_best_model_.value_or("loss");
+  return metric.rfind("eval_", 0) == 0 ? metric : "eval_" + metric;
+}
+
+bool TrainingArguments::resolved_greater_is_better() const {
+  if (greater_is_better_) return *greater_is_better_;
+  const std::string metric = metric_for_best_model_.value_or("loss");
+  const std::string suffix = "loss";
+  return !(metric.size() >= suffix.size() &&
+           metric.compare(metric.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
 int64_t TrainingArguments::resolve_steps(double steps, int64_t max_steps) {
   // validate() keeps the intervals in range; this keeps a direct call defined.
   TORCH_CHECK_VALUE(steps >= 0 && steps < 0x1p63, "resolve_steps: ", detail::repr(steps),

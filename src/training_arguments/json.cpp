@@ -37,6 +37,8 @@ Json to_json_value(const char* /*key*/, const Choice<E>& v) {
   return Json(std::string(v.name()));
 }
 
+Json to_json_value(const char* /*key*/, const std::vector<std::string>& v) { return Json(v); }
+
 template <class T>
 Json to_json_value(const char* key, const std::optional<T>& v) {
   return v ? to_json_value(key, *v) : Json(nullptr);
@@ -66,6 +68,16 @@ void from_json_value(const char* key, const Json& j, double& out) {
 void from_json_value(const char* key, const Json& j, std::string& out) {
   TORCH_CHECK_VALUE(j.is_string(), key, ": expected a string, got ", io::describe_json(j));
   out = j.get<std::string>();
+}
+
+void from_json_value(const char* key, const Json& j, std::vector<std::string>& out) {
+  TORCH_CHECK_VALUE(j.is_array(), key, ": expected a list of strings, got ", io::describe_json(j));
+  out.clear();
+  for (const auto& item : j) {
+    TORCH_CHECK_VALUE(item.is_string(), key, ": expected a list of strings, but it holds ",
+                      io::describe_json(item));
+    out.push_back(item.get<std::string>());
+  }
 }
 
 // Any spelling is kept; validate() names the key when it is not one of the enum's.

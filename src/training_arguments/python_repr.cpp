@@ -49,5 +49,10 @@ std::string repr(bool v) { return v ? "True" : "False"; }
 std::string repr(int64_t v) { return std::to_string(v); }
 std::string repr(double v) { return py_float(v); }
 std::string repr(const std::string& v) { return "'" + v + "'"; }
+std::string repr(const std::vector<std::string>& v) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + repr(v[i]);
+  return text + "]";
+}
 
 }  // namespace mantissa::detail

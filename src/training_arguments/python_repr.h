@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <mantissa/choice.h>
 
@@ -25,6 +26,9 @@ template <class E>
 std::string repr(const Choice<E>& v) {
   return repr(std::string(v.name()));
 }
+
+/// `repr` of a list of strings: "['a', 'b']".
+std::string repr(const std::vector<std::string>& v);
 
 /// `repr` of an optional: the value's, or "None".
 template <class T>

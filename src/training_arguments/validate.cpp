@@ -78,6 +78,46 @@ void check_step_count(const char* field, double steps) {
                     " is not a number of steps: it must lie in [0, ", detail::kMaxCount, "]");
 }
 
+// load_best_model_at_end loads a checkpoint that holds an evaluation: each evaluation must
+// fall on a saved step, which HF checks the same way.
+void check_best_model_settings(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(!args.metric_for_best_model() || !args.metric_for_best_model()->empty() &&
+                                                         *args.metric_for_best_model() != "eval_",
+                    "metric_for_best_model must name a metric (loss, accuracy, ...), got ",
+                    detail::repr(args.metric_for_best_model()));
+  if (!args.load_best_model_at_end() || args.save_strategy() == SaveStrategy::kBest) return;
+  const auto eval = args.eval_strategy().name();
+  const auto save = args.save_strategy().name();
+  TORCH_CHECK_VALUE(eval == save,
+                    "load_best_model_at_end needs checkpoints at the evaluations: save_strategy "
+                    "must equal eval_strategy (or be best), but eval_strategy is '",
+                    eval, "' and save_strategy is '", save, "'");
+  if (args.eval_strategy() != IntervalStrategy::kSteps) return;
+  const double eval_steps = args.resolved_eval_steps();
+  const double save_steps = args.save_steps();
+  if (eval_steps >= 1 && save_steps >= 1) {
+    TORCH_CHECK_VALUE(std::fmod(save_steps, eval_steps) == 0,
+                      "load_best_model_at_end needs every save to fall on an evaluation: "
+                      "save_steps (",
+                      detail::repr(save_steps), ") must be a whole multiple of eval_steps (",
+                      detail::repr(eval_steps), ")");
+    return;
+  }
+  TORCH_CHECK_VALUE(eval_steps < 1 && save_steps < 1,
+                    "load_best_model_at_end cannot check that saves fall on evaluations when one "
+                    "of save_steps (",
+                    detail::repr(save_steps), ") and eval_steps (", detail::repr(eval_steps),
+                    ") is a ratio of the run and the other a number of steps; give both the same "
+                    "way");
+  // Both ratios: compared in millionths, as HF does, so that 0.2 and 0.1 divide.
+  const auto millionths = [](double ratio) { return std::llround(ratio * 1e6); };
+  TORCH_CHECK_VALUE(
+      millionths(eval_steps) > 0 && millionths(save_steps) % millionths(eval_steps) == 0,
+      "load_best_model_at_end needs every save to fall on an evaluation: save_steps (",
+      detail::repr(save_steps), ") must be a whole multiple of eval_steps (",
+      detail::repr(eval_steps), ")");
+}
+
 }  // namespace
 
 void TrainingArguments::validate() const {
@@ -181,8 +221,15 @@ void TrainingArguments::validate() const {
   if (eval_steps_) check_step_count("eval_steps", *eval_steps_);
   TORCH_CHECK_VALUE(
       save_strategy_ != SaveStrategy::kBest || eval_strategy_ != IntervalStrategy::kNo,
-      "save_strategy best saves when the evaluation loss improves, so it requires "
-      "an eval_strategy of steps or epoch, got eval_strategy='no'");
+      "save_strategy best saves when ", resolved_metric_for_best_model(),
+      " improves, so it requires an eval_strategy of steps or epoch, got eval_strategy='no'");
+  check_best_model_settings(*this);
+  if (label_names_) {
+    for (const auto& name : *label_names_) {
+      TORCH_CHECK_VALUE(!name.empty(), "label_names: a name is empty, in ",
+                        detail::repr(*label_names_));
+    }
+  }
   TORCH_CHECK_VALUE(!save_total_limit_ || *save_total_limit_ >= 1,
                     "save_total_limit must be at least 1 (or None to keep every checkpoint), got ",
                     detail::repr(save_total_limit_));
