@@ -22,6 +22,17 @@ file(CONFIGURE OUTPUT "${PROJECT_BINARY_DIR}/mantissa-install-rpath.txt"
 set_property(TARGET mantissa APPEND PROPERTY LINK_DEPENDS "${PROJECT_BINARY_DIR}/mantissa-install-rpath.txt")
 
 # What mantissa-config.cmake needs to know about this build.
+# - Does LibTorch have CUDA, and which libcudart.so.N does it (and our kernels) load?
+set(MANTISSA_PACKAGE_TORCH_CUDA OFF)
+set(MANTISSA_PACKAGE_CUDART_MAJOR "")
+if(TARGET torch_cuda)
+  set(MANTISSA_PACKAGE_TORCH_CUDA ON)
+  if(MANTISSA_TORCH_CUDA_VERSION MATCHES "^([0-9]+)")    # torch.version.cuda
+    set(MANTISSA_PACKAGE_CUDART_MAJOR "${CMAKE_MATCH_1}")
+  elseif(CUDAToolkit_VERSION_MAJOR)                        # LibTorch's own CUDA probe
+    set(MANTISSA_PACKAGE_CUDART_MAJOR "${CUDAToolkit_VERSION_MAJOR}")
+  endif()
+endif()
 # - Do the CPU kernels use the libgomp.so.1 that ships inside LibTorch (cmake/MantissaCpuKernels.cmake)?
 get_target_property(_mantissa_links mantissa LINK_LIBRARIES)
 set(MANTISSA_PACKAGE_TORCH_OPENMP OFF)
