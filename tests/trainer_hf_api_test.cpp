@@ -319,6 +319,22 @@ TEST(TrainerHfApiTest, AnUnknownMetricForBestModelListsTheReportedOnes) {
                   AllOf(HasSubstr("'eval_f1'"), HasSubstr("eval_accuracy, eval_loss"))));
 }
 
+TEST(TrainerHfApiTest, EarlyStoppingRanksByMetricForBestModel) {
+  auto args = mantissa_test::toy_args(mantissa_test::toy_output_dir())
+                  .max_steps(40)
+                  .eval_strategy("steps")
+                  .eval_steps(4)
+                  .metric_for_best_model("score");
+  Trainer trainer(mantissa_test::make_toy_model(), args, mantissa_test::ToyDataset(100),
+                  mantissa_test::ToyDataset(30, 5));
+  // Higher is better for "score": it improves twice, then stalls for two evaluations.
+  trainer.set_compute_metrics(scripted_scores({0.5, 0.6, 0.7, 0.7, 0.65, 0.9, 0.9, 0.9, 0.9, 0.9}));
+  trainer.add_callback(std::make_shared<mantissa::EarlyStoppingCallback>(/*patience=*/2));
+  trainer.train();
+  EXPECT_EQ(trainer.state().global_step, 5 * 4);
+  EXPECT_DOUBLE_EQ(*trainer.state().best_metric, 0.7);
+}
+
 // ---- callbacks ----------------------------------------------------------------------------
 
 TEST(TrainerHfApiTest, CallbacksReachTheModelOptimizerAndSchedulerThroughTheirContext) {

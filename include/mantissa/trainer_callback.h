@@ -134,12 +134,14 @@ class TrainerCallback {
 };
 
 /// Stops training when the evaluation metric has not improved for `patience` evaluations.
-/// Python: `transformers.EarlyStoppingCallback(early_stopping_patience, early_stopping_threshold)`
-/// with `metric_for_best_model` and `greater_is_better` given here instead of in the arguments.
+/// Python: `transformers.EarlyStoppingCallback(early_stopping_patience, early_stopping_threshold)`.
+/// The metric and its direction are the arguments' `metric_for_best_model` and
+/// `greater_is_better` (HF's), unless given here (`"eval_loss"`, `false`).
 class EarlyStoppingCallback : public TrainerCallback {
  public:
   explicit EarlyStoppingCallback(std::int64_t patience = 1, double threshold = 0.0,
-                                 std::string metric = "eval_loss", bool greater_is_better = false);
+                                 std::optional<std::string> metric = std::nullopt,
+                                 std::optional<bool> greater_is_better = std::nullopt);
   void on_evaluate(const TrainingArguments& args, TrainerState& state, TrainerControl& control,
                    const LogEntry& metrics) override;
   /// Evaluations in a row without improvement so far.
@@ -148,8 +150,8 @@ class EarlyStoppingCallback : public TrainerCallback {
  private:
   std::int64_t patience_;
   double threshold_;
-  std::string metric_;
-  bool greater_is_better_;
+  std::optional<std::string> metric_;
+  std::optional<bool> greater_is_better_;
   std::optional<double> best_;
   std::int64_t patience_counter_ = 0;
 };

@@ -185,7 +185,8 @@ const TrainerCallbackContext& TrainerCallback::context() const {
 }
 
 EarlyStoppingCallback::EarlyStoppingCallback(std::int64_t patience, double threshold,
-                                             std::string metric, bool greater_is_better)
+                                             std::optional<std::string> metric,
+                                             std::optional<bool> greater_is_better)
     : patience_(patience),
       threshold_(threshold),
       metric_(std::move(metric)),
@@ -194,17 +195,19 @@ EarlyStoppingCallback::EarlyStoppingCallback(std::int64_t patience, double thres
   TORCH_CHECK_VALUE(threshold >= 0, "early_stopping_threshold must be >= 0, got ", threshold);
 }
 
-void EarlyStoppingCallback::on_evaluate(const TrainingArguments&, TrainerState&,
+void EarlyStoppingCallback::on_evaluate(const TrainingArguments& args, TrainerState&,
                                         TrainerControl& control, const LogEntry& metrics) {
-  const auto it = metrics.find(metric_);
+  std::string metric = metric_.value_or(args.resolved_metric_for_best_model());
+  if (metric.rfind("eval_", 0) != 0) metric = "eval_" + metric;
+  const bool greater = greater_is_better_.value_or(args.resolved_greater_is_better());
+  const auto it = metrics.find(metric);
   TORCH_CHECK_VALUE(it != metrics.end(), "EarlyStoppingCallback: the evaluation did not report '",
-                    metric_, "' (metric_for_best_model)");
+                    metric, "' (metric_for_best_model)");
   const double value = it->second;
   // HF's check_metric_value: improvement must beat the best by more than the threshold.
   const bool improved =
-      !best_.has_value() ||
-      (greater_is_better_ ? value > *best_ && std::fabs(value - *best_) > threshold_
-                          : value < *best_ && std::fabs(value - *best_) > threshold_);
+      !best_.has_value() || (greater ? value > *best_ && std::fabs(value - *best_) > threshold_
+                                     : value < *best_ && std::fabs(value - *best_) > threshold_);
   if (improved) {
     best_ = value;
     patience_counter_ = 0;
