@@ -14,6 +14,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_reader.h"
+#include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -35,6 +36,10 @@ Json to_json_value(const char* key, const T& v) {
 template <class E>
 Json to_json_value(const char* /*key*/, const Choice<E>& v) {
   return Json(std::string(v.name()));
+}
+
+Json to_json_value(const char* key, const LrSchedulerKwargs& v) {
+  return detail::lr_scheduler_kwargs_to_json(key, v);
 }
 
 template <class T>
@@ -66,6 +71,11 @@ void from_json_value(const char* key, const Json& j, double& out) {
 void from_json_value(const char* key, const Json& j, std::string& out) {
   TORCH_CHECK_VALUE(j.is_string(), key, ": expected a string, got ", io::describe_json(j));
   out = j.get<std::string>();
+}
+
+// An object of numbers and strings, or null (HF 5's default None); validate() checks the keys.
+void from_json_value(const char* key, const Json& j, LrSchedulerKwargs& out) {
+  out = detail::lr_scheduler_kwargs_from_json(key, j);
 }
 
 // Any spelling is kept; validate() names the key when it is not one of the enum's.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <variant>
 
 namespace mantissa::detail {
 
@@ -49,5 +50,18 @@ std::string repr(bool v) { return v ? "True" : "False"; }
 std::string repr(int64_t v) { return std::to_string(v); }
 std::string repr(double v) { return py_float(v); }
 std::string repr(const std::string& v) { return "'" + v + "'"; }
+
+std::string repr(const LrSchedulerKwarg& v) {
+  return std::visit([](const auto& value) { return repr(value); }, v);
+}
+
+std::string repr(const LrSchedulerKwargs& v) {
+  std::string out = "{";
+  for (const auto& [key, value] : v) {
+    if (out.size() > 1) out += ", ";
+    out += repr(key) + ": " + repr(value);
+  }
+  return out + "}";
+}
 
 }  // namespace mantissa::detail

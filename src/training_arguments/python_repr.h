@@ -7,6 +7,7 @@
 #include <string>
 
 #include <mantissa/choice.h>
+#include <mantissa/lr_scheduler_kwargs.h>
 
 namespace mantissa::detail {
 
@@ -25,6 +26,10 @@ template <class E>
 std::string repr(const Choice<E>& v) {
   return repr(std::string(v.name()));
 }
+
+/// `repr` of a dict of `lr_scheduler_kwargs`: "{'num_cycles': 2, 'decay_type': 'cosine'}".
+std::string repr(const LrSchedulerKwarg& v);
+std::string repr(const LrSchedulerKwargs& v);
 
 /// `repr` of an optional: the value's, or "None".
 template <class T>
