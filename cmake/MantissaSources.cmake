@@ -15,6 +15,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/optim/low_precision_update.h
   include/mantissa/optim/fused_adamw.h
   include/mantissa/io/safetensors.h
+  include/mantissa/lr_scheduler_kwargs.h
   include/mantissa/lr_scheduler.h
   include/mantissa/clip_grad.h
   include/mantissa/batch.h
@@ -33,6 +34,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/python_repr.cpp
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp
+  src/training_arguments/lr_scheduler_kwargs_json.cpp
   src/training_arguments/validate.cpp
   src/training_arguments/derived.cpp
   src/amp/tf32_guard.cpp

@@ -40,6 +40,7 @@ TEST(ChoiceTest, EveryEnumeratorHasItsOwnSpelling) {
   }
   EXPECT_EQ(Choice<SchedulerType>(SchedulerType::kConstantWithWarmup).name(),
             "constant_with_warmup");
+  EXPECT_EQ(Choice<SchedulerType>(SchedulerType::kWarmupStableDecay).name(), "warmup_stable_decay");
 }
 
 TEST(ChoiceTest, AnUnknownSpellingIsKeptUntilItsValueIsAsked) {

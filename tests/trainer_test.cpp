@@ -230,6 +230,34 @@ TEST(TrainerTest, OptimizerAndSchedulerCanBePassedIn) {
   EXPECT_EQ(recorder->lrs, (std::vector<double>{0.5 / 2, 0.5 / 3, 0.5 / 4, 0.5 / 5}));
 }
 
+TEST(TrainerTest, LrSchedulerKwargsShapeTheOptimizersLr) {
+  auto model = make_model();
+  const mantissa::LrSchedulerKwargs kwargs = {
+      {"num_decay_steps", 2}, {"decay_type", "linear"}, {"min_lr_ratio", 0.25}};
+  auto args = base_args(temp_dir())
+                  .max_steps(6)
+                  .learning_rate(0.1)
+                  .warmup_steps(2)
+                  .lr_scheduler_type("warmup_stable_decay")
+                  .lr_scheduler_kwargs(kwargs);
+  Trainer trainer(model, args, ToyDataset(64));
+  auto recorder = std::make_shared<Recorder>();
+  recorder->trainer = &trainer;
+  recorder->model = model;
+  trainer.add_callback(recorder);
+  trainer.train();
+  // 2 warmup steps from 0.25 * lr, 2 stable, 2 of linear decay down to 0.25 * lr.
+  ASSERT_EQ(recorder->lrs.size(), 6u);
+  const std::vector<double> by_hand = {0.0625, 0.1, 0.1, 0.1, 0.0625, 0.025};
+  for (std::size_t i = 0; i < by_hand.size(); ++i) {
+    const auto step = static_cast<int64_t>(i) + 1;
+    EXPECT_EQ(recorder->lrs[i],
+              0.1 * mantissa::schedule_factor("warmup_stable_decay", step, 2, 6, kwargs))
+        << "step " << step;
+    EXPECT_DOUBLE_EQ(recorder->lrs[i], by_hand[i]) << "step " << step;
+  }
+}
+
 TEST(TrainerTest, EndlessFp16OverflowStopsWithAClearError) {
   auto model = make_model();
   auto args = base_args(temp_dir()).fp16(true).max_steps(50).max_consecutive_nonfinite(5);

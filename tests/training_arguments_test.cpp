@@ -13,10 +13,12 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -37,6 +39,7 @@ void PrintTo(const TrainingArguments& args, std::ostream* os) {
 
 namespace {
 
+using mantissa::LrSchedulerKwargs;
 using mantissa::TrainingArguments;
 using mantissa::detail::check_precision_support;
 using mantissa::detail::DeviceInfo;
@@ -184,11 +187,12 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_TRUE(a.dataloader_pin_memory());
   EXPECT_FALSE(a.cuda_graph());
   EXPECT_EQ(a.cuda_graph_warmup_steps(), 3);
+  EXPECT_TRUE(a.lr_scheduler_kwargs().empty());
   EXPECT_FALSE(a.label_names().has_value());
   EXPECT_FALSE(a.load_best_model_at_end());
   EXPECT_FALSE(a.metric_for_best_model().has_value());
   EXPECT_FALSE(a.greater_is_better().has_value());
-  EXPECT_EQ(field_names().size(), 57u) << "a field was added or removed: update this test, "
+  EXPECT_EQ(field_names().size(), 58u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -262,6 +266,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
                                           "0.5",
                                           "--lr_scheduler_type",
                                           "cosine",
+                                          "--lr_scheduler_kwargs",
+                                          R"({"num_cycles": 2})",
                                           "--warmup_steps",
                                           "10",
                                           "--warmup_ratio",
@@ -350,6 +356,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(a.adam_epsilon(), 1e-6);
   EXPECT_EQ(a.max_grad_norm(), 0.5);
   EXPECT_EQ(a.lr_scheduler_type(), "cosine");
+  EXPECT_EQ(a.lr_scheduler_kwargs(), (LrSchedulerKwargs{{"num_cycles", int64_t{2}}}));
   EXPECT_EQ(a.warmup_steps(), 10);
   EXPECT_EQ(a.warmup_ratio(), 0.1);
   EXPECT_EQ(a.eval_strategy(), "steps");
@@ -566,8 +573,8 @@ TEST(TrainingArgumentsTest, MalformedValuesNameTheFlagAndValue) {
 TEST(TrainingArgumentsTest, ParseValidates) {
   EXPECT_THAT(parse_error({"--fp16", "--bf16", "--use_cpu"}),
               HasSubstr("At most one of fp16 and bf16 can be True, but not both"));
-  EXPECT_THAT(parse_error({"--lr_scheduler_type", "cosine_with_restarts"}),
-              HasSubstr("cosine_with_restarts is not a valid SchedulerType"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_type", "reduce_lr_on_plateau"}),
+              HasSubstr("reduce_lr_on_plateau is not a valid SchedulerType"));
 }
 
 TEST(TrainingArgumentsTest, CharPointerArgv) {
@@ -603,7 +610,11 @@ TEST(TrainingArgumentsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_THAT(help, HasSubstr("(default: True)"));
   EXPECT_THAT(help, HasSubstr("--bf16 [BOOL]"));
   EXPECT_THAT(help, HasSubstr("--per_device_train_batch_size INT"));
-  EXPECT_THAT(help, HasSubstr("--lr_scheduler_type {linear,cosine,constant,constant_with_warmup}"));
+  EXPECT_THAT(help, HasSubstr("--lr_scheduler_type {linear,cosine,cosine_with_restarts,polynomial,"
+                              "constant,constant_with_warmup,inverse_sqrt,cosine_with_min_lr,"
+                              "cosine_warmup_with_min_lr,warmup_stable_decay}"));
+  EXPECT_THAT(help, HasSubstr("--lr_scheduler_kwargs JSON"));
+  EXPECT_THAT(help, HasSubstr("lists what each schedule takes). (default: {})"));
   EXPECT_THAT(help, HasSubstr("--save_strategy {no,steps,epoch,best}"));
   EXPECT_THAT(help, HasSubstr("--no_logging_nan_inf_filter"));
   EXPECT_THAT(help, HasSubstr("-h,--help"));
@@ -737,7 +748,26 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
        "max_steps=-1"},
       {"scheduler", TrainingArguments(d).lr_scheduler_type("foo"),
        "lr_scheduler_type: foo is not a valid SchedulerType, please select one of ['linear', "
-       "'cosine', 'constant', 'constant_with_warmup']"},
+       "'cosine', 'cosine_with_restarts', 'polynomial', 'constant', 'constant_with_warmup', "
+       "'inverse_sqrt', 'cosine_with_min_lr', 'cosine_warmup_with_min_lr', "
+       "'warmup_stable_decay']"},
+      {"scheduler kwarg", TrainingArguments(d).lr_scheduler_kwargs({{"num_cycles", 2}}),
+       "lr_scheduler_kwargs: 'num_cycles': 2 is not an argument of the linear schedule"},
+      {"scheduler kwarg type",
+       TrainingArguments(d).lr_scheduler_type("cosine").lr_scheduler_kwargs({{"num_cycles", "2"}}),
+       "lr_scheduler_kwargs: num_cycles of the cosine schedule must be a number, got '2' (a "
+       "string)"},
+      {"scheduler kwarg value",
+       TrainingArguments(d)
+           .lr_scheduler_type("cosine_with_restarts")
+           .lr_scheduler_kwargs({{"num_cycles", -2}}),
+       "lr_scheduler_kwargs: num_cycles of the cosine_with_restarts schedule counts cosine waves: "
+       "it must be >= 0, got -2"},
+      {"lr_end vs learning_rate",
+       TrainingArguments(d).lr_scheduler_type("polynomial").lr_scheduler_kwargs({{"lr_end", 1e-4}}),
+       "lr_scheduler_kwargs: lr_end (0.0001) must be smaller than initial lr (5e-05)"},
+      {"wsd without decay", TrainingArguments(d).lr_scheduler_type("warmup_stable_decay"),
+       "needs num_decay_steps"},
       {"optim", TrainingArguments(d).optim("adam"),
        "optim: adam is not a valid OptimizerNames, please select one of ['adamw_torch', "
        "'adamw_torch_fused', 'adamw_mantissa_fused', 'sgd']"},
@@ -823,6 +853,12 @@ TEST(TrainingArgumentsTest, BoundaryValuesAreValid) {
       TrainingArguments().max_consecutive_nonfinite(0),
       TrainingArguments().loss_scale(128),
       TrainingArguments().optim("sgd").lr_scheduler_type("constant_with_warmup"),
+      TrainingArguments()
+          .lr_scheduler_type("cosine_with_min_lr")
+          .lr_scheduler_kwargs({{"min_lr", 5e-5}}),
+      TrainingArguments()
+          .lr_scheduler_type("polynomial")
+          .lr_scheduler_kwargs({{"lr_end", 0}, {"power", 2}}),
       TrainingArguments().optim("adamw_torch_fused").master_weights("off"),
       TrainingArguments().tf32(false),
       TrainingArguments().use_cpu(true).bf16(true).bf16_full_eval(true),
@@ -1125,6 +1161,114 @@ TEST(TrainingArgumentsTest, FromJsonRejectsWrongTypes) {
                 HasSubstr(test_case.second))
         << text;
   }
+}
+
+// ---- lr_scheduler_kwargs ------------------------------------------------------------------------
+
+TEST(TrainingArgumentsTest, LrSchedulerKwargsFromTheCommandLine) {
+  const auto a = TrainingArguments::parse(
+      {"--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs",
+       R"({"num_decay_steps": 100, "decay_type": "1-sqrt", "min_lr_ratio": 0.1})"});
+  EXPECT_EQ(a.lr_scheduler_kwargs(), (LrSchedulerKwargs{{"num_decay_steps", int64_t{100}},
+                                                        {"decay_type", "1-sqrt"},
+                                                        {"min_lr_ratio", 0.1}}));
+  // HF's _convert_str_dict: on the command line a string of digits is an int and digits with
+  // one dot a float (other strings, "1-sqrt" above, stay strings).
+  const auto b = TrainingArguments::parse(
+      {"--lr_scheduler_type=warmup_stable_decay",
+       R"(--lr_scheduler_kwargs={"num_decay_steps": "100", "min_lr_ratio": ".5"})"});
+  EXPECT_EQ(b.lr_scheduler_kwargs(),
+            (LrSchedulerKwargs{{"num_decay_steps", int64_t{100}}, {"min_lr_ratio", 0.5}}));
+  EXPECT_EQ(std::get<double>(b.lr_scheduler_kwargs().at("min_lr_ratio")), 0.5);
+  // The dashed spelling, an empty object and None.
+  EXPECT_EQ(TrainingArguments::parse({"--lr-scheduler-kwargs", "{}"}), TrainingArguments());
+  EXPECT_EQ(TrainingArguments::parse({"--lr_scheduler_kwargs", "None"}), TrainingArguments());
+  // 2 is an int, 2.0 a float: both are numbers to num_cycles.
+  EXPECT_EQ(TrainingArguments::parse({"--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs",
+                                      R"({"num_cycles": 2.0})"})
+                .lr_scheduler_kwargs(),
+            (LrSchedulerKwargs{{"num_cycles", 2.0}}));
+
+  EXPECT_THAT(parse_error({"--lr_scheduler_kwargs", "num_cycles=2"}),
+              HasSubstr("--lr_scheduler_kwargs: invalid value 'num_cycles=2' (expected a JSON "
+                        "object such as '{\"num_cycles\": 2}'"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_kwargs", "[2]"}),
+              HasSubstr("--lr_scheduler_kwargs: invalid value '[2]' (expected a JSON object"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_kwargs", R"({"num_cycles": [1, 2]})"}),
+              HasSubstr("--lr_scheduler_kwargs: 'num_cycles' must be a number or a string (the "
+                        "schedules take nothing else), got [1,2]"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_kwargs", R"({"num_cycles": true})"}),
+              HasSubstr("'num_cycles' must be a number or a string"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_kwargs", R"({"timescale": "99999999999999999999"})"}),
+              HasSubstr("--lr_scheduler_kwargs: 'timescale': '99999999999999999999' is out of "
+                        "range for a 64-bit integer"));
+  // A hostile value gives a message of one short line.
+  const std::string digits(100'000, '9');
+  for (const std::string& text :
+       {R"({"timescale": ")" + digits + "\"}", "{\"" + digits + "\": [1]}", "[" + digits + "]",
+        R"({"decay_type": ")" + digits + "\"}"}) {
+    const std::string message =
+        parse_error({"--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", text});
+    EXPECT_THAT(message, HasSubstr("lr_scheduler_kwargs"));
+    EXPECT_LT(message.size(), 600u) << message.substr(0, 600);
+  }
+  // parse() validates: a key the schedule does not take, and a bad value.
+  EXPECT_THAT(parse_error({"--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs",
+                           R"({"min_lr": 1e-6})"}),
+              HasSubstr("'min_lr': 1e-06 is not an argument of the cosine schedule (transformers' "
+                        "get_cosine_schedule_with_warmup), which takes num_cycles"));
+  EXPECT_THAT(parse_error({"--lr_scheduler_type", "inverse_sqrt", "--lr_scheduler_kwargs",
+                           R"({"timescale": 0})"}),
+              HasSubstr("timescale of the inverse_sqrt schedule must be at least 1"));
+}
+
+TEST(TrainingArgumentsTest, LrSchedulerKwargsJsonRoundTrip) {
+  const auto a = TrainingArguments()
+                     .lr_scheduler_type("cosine_warmup_with_min_lr")
+                     .lr_scheduler_kwargs(
+                         {{"min_lr_rate", 0.1}, {"num_cycles", 2}, {"warmup_lr_rate", 1.0 / 3.0}});
+  const std::string text = a.to_json();
+  EXPECT_THAT(text,
+              HasSubstr("\"lr_scheduler_kwargs\": {\n    \"min_lr_rate\": 0.1,\n    "
+                        "\"num_cycles\": 2,\n    \"warmup_lr_rate\": 0.3333333333333333\n  }"));
+  const auto b = TrainingArguments::from_json(text);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(b.to_json(), text);
+  EXPECT_TRUE(std::holds_alternative<int64_t>(b.lr_scheduler_kwargs().at("num_cycles")));
+  EXPECT_EQ(std::get<double>(b.lr_scheduler_kwargs().at("warmup_lr_rate")), 1.0 / 3.0);
+  // An integral float stays a float.
+  const auto c =
+      TrainingArguments().lr_scheduler_type("cosine").lr_scheduler_kwargs({{"num_cycles", 2.0}});
+  EXPECT_THAT(c.to_json(), HasSubstr("\"num_cycles\": 2.0"));
+  EXPECT_EQ(TrainingArguments::from_json(c.to_json()), c);
+  EXPECT_THAT(TrainingArguments().to_json(), HasSubstr("\"lr_scheduler_kwargs\": {},"));
+  // HF 5 writes its default None as null.
+  EXPECT_EQ(TrainingArguments::from_json(R"({"lr_scheduler_kwargs": null})"), TrainingArguments());
+
+  EXPECT_THAT(value_error([] { TrainingArguments::from_json(R"({"lr_scheduler_kwargs": "{}"})"); }),
+              HasSubstr("lr_scheduler_kwargs: expected a JSON object of the schedule's arguments "
+                        "(such as {\"num_cycles\": 2}), got \"{}\""));
+  EXPECT_THAT(value_error([] {
+                TrainingArguments::from_json(R"({"lr_scheduler_kwargs": {"num_cycles": null}})");
+              }),
+              HasSubstr("lr_scheduler_kwargs: 'num_cycles' must be a number or a string"));
+  EXPECT_THAT(value_error([] {
+                TrainingArguments::from_json(
+                    R"({"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"power": 2}})");
+              }),
+              HasSubstr("'power': 2 is not an argument of the linear schedule"));
+  EXPECT_EQ(value_error([] {
+              TrainingArguments::from_json(
+                  R"({"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"power": 2}})",
+                  /*validate=*/false);
+            }),
+            "<no exception>");
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_THAT(
+      value_error([&] {
+        TrainingArguments().lr_scheduler_kwargs({{"num_cycles", inf}}).to_json();
+      }),
+      HasSubstr("to_json: lr_scheduler_kwargs 'num_cycles' is inf, which JSON cannot hold"));
 }
 
 TEST(TrainingArgumentsTest, FromJsonRejectsMalformedJson) {

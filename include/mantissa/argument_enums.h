@@ -23,12 +23,20 @@ constexpr bool is_fused_adamw(OptimizerNames optim) {
   return optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused;
 }
 
-/// `--lr_scheduler_type`. Python: `SchedulerType` (the members mantissa implements).
+/// `--lr_scheduler_type`. Python: `SchedulerType` (the members mantissa implements, in HF's
+/// order). Each schedule's own arguments come in `--lr_scheduler_kwargs`
+/// (include/mantissa/lr_scheduler_kwargs.h lists them).
 enum class SchedulerType {
-  kLinear,              ///< "linear": warmup, then linear decay to 0
-  kCosine,              ///< "cosine": warmup, then half a cosine down to 0
-  kConstant,            ///< "constant": no warmup, no decay
-  kConstantWithWarmup,  ///< "constant_with_warmup": warmup, then constant
+  kLinear,                 ///< "linear": warmup, then linear decay to 0
+  kCosine,                 ///< "cosine": warmup, then half a cosine down to 0 (num_cycles)
+  kCosineWithRestarts,     ///< "cosine_with_restarts": warmup, then num_cycles cosines down to 0
+  kPolynomial,             ///< "polynomial": warmup, then (1 - progress)^power down to lr_end
+  kConstant,               ///< "constant": no warmup, no decay
+  kConstantWithWarmup,     ///< "constant_with_warmup": warmup, then constant
+  kInverseSqrt,            ///< "inverse_sqrt": warmup, then 1/sqrt(step/timescale)
+  kCosineWithMinLr,        ///< "cosine_with_min_lr": warmup, then a cosine down to min_lr
+  kCosineWarmupWithMinLr,  ///< "cosine_warmup_with_min_lr": the same with HF's shifted steps
+  kWarmupStableDecay,      ///< "warmup_stable_decay": warmup, a constant stage, then a decay
 };
 
 /// `--logging_strategy`, `--eval_strategy`. Python: `IntervalStrategy`.
@@ -72,7 +80,16 @@ struct ChoiceTraits<OptimizerNames> {
 template <>
 struct ChoiceTraits<SchedulerType> {
   static constexpr const char* enum_name = "SchedulerType";
-  static constexpr const char* names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+  static constexpr const char* names[] = {"linear",
+                                          "cosine",
+                                          "cosine_with_restarts",
+                                          "polynomial",
+                                          "constant",
+                                          "constant_with_warmup",
+                                          "inverse_sqrt",
+                                          "cosine_with_min_lr",
+                                          "cosine_warmup_with_min_lr",
+                                          "warmup_stable_decay"};
 };
 
 template <>
@@ -102,7 +119,7 @@ struct ChoiceTraits<LowPrecisionUpdateMode> {
 // Each enum has one spelling per enumerator.
 static_assert(Choice<OptimizerNames>::size() == static_cast<int>(OptimizerNames::kSgd) + 1);
 static_assert(Choice<SchedulerType>::size() ==
-              static_cast<int>(SchedulerType::kConstantWithWarmup) + 1);
+              static_cast<int>(SchedulerType::kWarmupStableDecay) + 1);
 static_assert(Choice<IntervalStrategy>::size() == static_cast<int>(IntervalStrategy::kEpoch) + 1);
 static_assert(Choice<SaveStrategy>::size() == static_cast<int>(SaveStrategy::kBest) + 1);
 static_assert(Choice<MasterWeightsMode>::size() == static_cast<int>(MasterWeightsMode::kOff) + 1);

@@ -15,6 +15,7 @@
 #include <mantissa/clip_grad.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
+#include <mantissa/lr_scheduler_kwargs.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
 #include <mantissa/optim/fused_adamw.h>

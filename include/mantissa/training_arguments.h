@@ -11,6 +11,7 @@
 
 #include <mantissa/arg.h>
 #include <mantissa/argument_enums.h>
+#include <mantissa/lr_scheduler_kwargs.h>
 
 /// The fields of `mantissa::TrainingArguments`, one line each: `X(type, name, default, help)`.
 ///
@@ -65,6 +66,9 @@
     "warmup_ratio when positive.")                                                                 \
   X(double, warmup_ratio, 0.0,                                                                     \
     "Warmup length as a fraction of the run's optimizer steps.")                                   \
+  X(LrSchedulerKwargs, lr_scheduler_kwargs, LrSchedulerKwargs{},                                   \
+    "Arguments of the chosen schedule, a JSON object of numbers and strings such as "              \
+    "'{\"num_cycles\": 2}' (docs/training_arguments.md lists what each schedule takes).")          \
   /* ---- evaluation ------------------------------------------------------------------- */        \
   X(Choice<IntervalStrategy>, eval_strategy, IntervalStrategy::kNo,                                \
     "When to evaluate during training: never, every eval_steps, or after each epoch.")             \
@@ -198,6 +202,9 @@ namespace mantissa {
 /// strategies, `master_weights`) hold a `Choice` of an enum of include/mantissa/argument_enums.h:
 /// set them by enum or by spelling (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare
 /// them with either, and read the enum with `.value()` (`args.optim().value()`).
+/// `lr_scheduler_kwargs` holds the schedule's own arguments, an `LrSchedulerKwargs` (names to
+/// integers, floats and strings; include/mantissa/lr_scheduler_kwargs.h):
+/// `.lr_scheduler_kwargs({{"num_cycles", 3}})`; on the command line a JSON object.
 /// Nothing here touches a device except `validate()` and `device()`, which query it.
 class TrainingArguments {
  public:
@@ -211,6 +218,9 @@ class TrainingArguments {
   /// HF has an error for it ("At most one of fp16 and bf16 can be True, but not both", "Your
   /// setup doesn't support bf16/gpu.", "--tf32 requires Ampere or a newer GPU arch, cuda>=11
   /// and torch>=1.7", "foo is not a valid SchedulerType, please select one of [...]").
+  /// `lr_scheduler_kwargs` must suit `lr_scheduler_type` (`check_lr_scheduler_kwargs`, with
+  /// `learning_rate` as the optimizer's lr): a key the schedule does not take is an error, as
+  /// Python's `TypeError` at scheduler creation is in HF.
   /// Counts must fit in int64: examples per optimizer step
   /// (`per_device_train_batch_size x gradient_accumulation_steps`), the examples of the whole
   /// run (times `max_steps`, or at least `ceil(num_train_epochs)` steps), the epochs, and every

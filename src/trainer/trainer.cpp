@@ -92,10 +92,11 @@ void Trainer::Impl::prepare() {
   }
   auto& optimizer = *optimizer_.optimizer;
   const auto max_steps = schedule_.max_steps;
-  auto scheduler = scheduler_factory_ ? scheduler_factory_(optimizer, max_steps)
-                                      : std::make_unique<LrScheduler>(
-                                            optimizer, args_.lr_scheduler_type().value(),
-                                            args_.get_warmup_steps(max_steps), max_steps);
+  auto scheduler = scheduler_factory_
+                       ? scheduler_factory_(optimizer, max_steps)
+                       : std::make_unique<LrScheduler>(optimizer, args_.lr_scheduler_type().value(),
+                                                       args_.get_warmup_steps(max_steps), max_steps,
+                                                       args_.lr_scheduler_kwargs());
   TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
   scaler_ = amp::GradScaler(
       amp::GradScalerOptions()

@@ -16,6 +16,7 @@
 
 #include <mantissa/training_arguments.h>
 
+#include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -81,6 +82,11 @@ void from_cli(const std::string& /*flag*/, const std::string& text, std::string&
   out = text;
 }
 
+// A JSON object (HF's `--lr_scheduler_kwargs '{"num_cycles": 2}'`); validate() checks the keys.
+void from_cli(const std::string& flag, const std::string& text, LrSchedulerKwargs& out) {
+  out = detail::lr_scheduler_kwargs_from_cli(flag, text);
+}
+
 // Any spelling is kept; validate() names the field when it is not one of the enum's.
 template <class E>
 void from_cli(const std::string& /*flag*/, const std::string& text, Choice<E>& out) {
@@ -133,6 +139,10 @@ struct CliType<std::string> {
 template <>
 struct CliType<std::vector<std::string>> {
   static std::string name() { return "TEXT [TEXT ...]"; }
+};
+template <>
+struct CliType<LrSchedulerKwargs> {
+  static std::string name() { return "JSON"; }
 };
 template <class E>
 struct CliType<Choice<E>> {

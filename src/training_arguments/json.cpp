@@ -14,6 +14,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_reader.h"
+#include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -38,6 +39,10 @@ Json to_json_value(const char* /*key*/, const Choice<E>& v) {
 }
 
 Json to_json_value(const char* /*key*/, const std::vector<std::string>& v) { return Json(v); }
+
+Json to_json_value(const char* key, const LrSchedulerKwargs& v) {
+  return detail::lr_scheduler_kwargs_to_json(key, v);
+}
 
 template <class T>
 Json to_json_value(const char* key, const std::optional<T>& v) {
@@ -78,6 +83,11 @@ void from_json_value(const char* key, const Json& j, std::vector<std::string>& o
                       io::describe_json(item));
     out.push_back(item.get<std::string>());
   }
+}
+
+// An object of numbers and strings, or null (HF 5's default None); validate() checks the keys.
+void from_json_value(const char* key, const Json& j, LrSchedulerKwargs& out) {
+  out = detail::lr_scheduler_kwargs_from_json(key, j);
 }
 
 // Any spelling is kept; validate() names the key when it is not one of the enum's.

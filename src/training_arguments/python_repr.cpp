@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <variant>
 
 namespace mantissa::detail {
 
@@ -53,6 +54,19 @@ std::string repr(const std::vector<std::string>& v) {
   std::string text = "[";
   for (std::size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + repr(v[i]);
   return text + "]";
+}
+
+std::string repr(const LrSchedulerKwarg& v) {
+  return std::visit([](const auto& value) { return repr(value); }, v);
+}
+
+std::string repr(const LrSchedulerKwargs& v) {
+  std::string out = "{";
+  for (const auto& [key, value] : v) {
+    if (out.size() > 1) out += ", ";
+    out += repr(key) + ": " + repr(value);
+  }
+  return out + "}";
 }
 
 }  // namespace mantissa::detail

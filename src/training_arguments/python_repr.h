@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <mantissa/choice.h>
+#include <mantissa/lr_scheduler_kwargs.h>
 
 namespace mantissa::detail {
 
@@ -29,6 +30,9 @@ std::string repr(const Choice<E>& v) {
 
 /// `repr` of a list of strings: "['a', 'b']".
 std::string repr(const std::vector<std::string>& v);
+/// `repr` of a dict of `lr_scheduler_kwargs`: "{'num_cycles': 2, 'decay_type': 'cosine'}".
+std::string repr(const LrSchedulerKwarg& v);
+std::string repr(const LrSchedulerKwargs& v);
 
 /// `repr` of an optional: the value's, or "None".
 template <class T>

@@ -183,6 +183,9 @@ void TrainingArguments::validate() const {
   TORCH_CHECK_VALUE(warmup_steps_ >= 0, "warmup_steps must be non-negative, got ", warmup_steps_);
   TORCH_CHECK_VALUE(warmup_ratio_ >= 0 && warmup_ratio_ <= 1,
                     "warmup_ratio must lie in range [0,1], got ", detail::repr(warmup_ratio_));
+  // The schedule's own arguments, relative to the optimizer's lr (which the Trainer sets to
+  // learning_rate) where a schedule reads it.
+  check_lr_scheduler_kwargs(lr_scheduler_type_, lr_scheduler_kwargs_, learning_rate_);
 
   // Intervals. HF: a value above 1 must be a whole number of steps; below 1 it is a ratio.
   const auto check_interval = [](const char* field, double steps) {

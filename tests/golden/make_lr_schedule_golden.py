@@ -1,121 +1,124 @@
 #!/usr/bin/env python3
 """Writes the learning rates of Hugging Face's schedules that tests/lr_scheduler_test.cpp must
-reproduce (to 1e-12 relative; in practice bit for bit).
+reproduce bit for bit.
 
 Run with the project venv:  .venv/bin/python tests/golden/make_lr_schedule_golden.py [OUT]
 (default OUT: tests/golden/lr_schedules.json next to this script).
 
-Where the schedules come from:
-- If `transformers` is importable, its own `transformers.get_scheduler(name, optimizer,
-  num_warmup_steps, num_training_steps)` builds each scheduler.
-- Otherwise (the project venv does not install transformers) the four lambdas below are
-  hand-copied from transformers/src/transformers/optimization.py
-  (_get_constant_lambda, _get_constant_schedule_with_warmup_lr_lambda,
-  _get_linear_schedule_with_warmup_lr_lambda, _get_cosine_schedule_with_warmup_lr_lambda with
-  num_cycles=0.5), and wrapped with functools.partial exactly as transformers does.
-The file records which of the two produced it ("source").
-
-Either way the scheduler itself is PyTorch's real torch.optim.lr_scheduler.LambdaLR over a real
-torch.optim.SGD with two param groups, so the constructor's initial step, last_epoch and the
-`base_lr * lambda(last_epoch)` product are PyTorch's. For each config the file holds the lr of
-both groups after construction (index 0) and after each of `steps` calls to scheduler.step(),
-plus the scheduler's state_dict at the end.
+Each schedule is built by transformers' own `transformers.get_scheduler(name, optimizer,
+num_warmup_steps, num_training_steps, scheduler_specific_kwargs=kwargs)`, as HF's Trainer builds
+it from `lr_scheduler_type` and `lr_scheduler_kwargs`, over a real torch.optim.SGD with two param
+groups, so the constructor's initial step, last_epoch and the `base_lr * lambda(last_epoch)`
+product are PyTorch's. The optimizer's default lr (`optimizer.defaults["lr"]`, which polynomial's
+`lr_end` and `min_lr` are relative to) differs from both groups' lrs, so a test that used a
+group's lr instead would fail. For each case the file holds the lr of both groups after
+construction (index 0) and after each of `steps` calls to scheduler.step(), plus the scheduler's
+state_dict at the end. The kwargs are written as given: 2 stays an int and 2.0 a float.
 """
-import functools
 import json
-import math
 import os
 import sys
+import warnings
 
 import torch
+import transformers
 
-SCHEDULES = ["constant", "constant_with_warmup", "linear", "cosine"]
 BASE_LRS = [1e-3, 3e-4]
+DEFAULT_LR = 2e-3
+
 # (warmup, total, steps): the main case (5 warmup steps, 30 training steps, stepped past the
-# end to show what happens there), no warmup, and warmup == total.
-CONFIGS = [(5, 30, 36), (0, 10, 12), (4, 4, 7)]
+# end to show what happens there), no warmup, warmup == total, and a few shapes of their own.
+MAIN, NO_WARMUP, WARMUP_IS_TOTAL = (5, 30, 36), (0, 10, 12), (4, 4, 7)
+
+# (schedule, kwargs, (warmup, total, steps))
+CASES = []
+for config in (MAIN, NO_WARMUP, WARMUP_IS_TOTAL):
+    for name in ("constant", "constant_with_warmup", "linear", "cosine"):
+        CASES.append((name, {}, config))
+CASES += [
+    ("cosine", {"num_cycles": 1.5}, MAIN),
+    ("cosine", {"num_cycles": 1}, NO_WARMUP),
+    ("cosine_with_restarts", {}, MAIN),
+    ("cosine_with_restarts", {"num_cycles": 3}, MAIN),
+    ("cosine_with_restarts", {"num_cycles": 2}, NO_WARMUP),
+    ("cosine_with_restarts", {"num_cycles": 2.5}, (4, 20, 24)),
+    ("cosine_with_restarts", {}, WARMUP_IS_TOTAL),
+    ("polynomial", {}, MAIN),
+    ("polynomial", {"lr_end": 1e-4, "power": 2.0}, MAIN),
+    ("polynomial", {"power": 0.5}, NO_WARMUP),
+    ("polynomial", {"lr_end": 0, "power": 3}, (3, 17, 20)),
+    ("polynomial", {"lr_end": 5e-4}, (6, 4, 9)),  # warmup past the end: never divides by 0
+    ("inverse_sqrt", {}, MAIN),  # timescale = num_warmup_steps
+    ("inverse_sqrt", {}, NO_WARMUP),  # timescale = 10_000
+    ("inverse_sqrt", {"timescale": 7}, MAIN),
+    ("inverse_sqrt", {"timescale": 1}, NO_WARMUP),
+    ("cosine_with_min_lr", {"min_lr_rate": 0.1}, MAIN),
+    ("cosine_with_min_lr", {"min_lr": 1e-4}, NO_WARMUP),
+    ("cosine_with_min_lr", {"min_lr": 2e-4, "num_cycles": 1.0}, (4, 20, 24)),
+    ("cosine_with_min_lr", {"min_lr_rate": 0.5, "num_cycles": 0.75}, MAIN),
+    ("cosine_with_min_lr", {"min_lr_rate": 0}, WARMUP_IS_TOTAL),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1}, MAIN),
+    ("cosine_warmup_with_min_lr", {"min_lr": 1e-4, "warmup_lr_rate": 0.1}, MAIN),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.05}, NO_WARMUP),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.0, "warmup_lr_rate": 0.5, "num_cycles": 1},
+     (4, 20, 24)),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1, "warmup_lr_rate": 0.2}, (1, 10, 12)),
+    ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1, "warmup_lr_rate": 0.2}, (2, 10, 12)),
+    ("warmup_stable_decay", {"num_decay_steps": 10}, MAIN),  # stable: 30 - 5 - 10
+    ("warmup_stable_decay", {"num_decay_steps": 10, "num_stable_steps": 8, "warmup_type": "cosine",
+                             "decay_type": "linear", "min_lr_ratio": 0.1}, MAIN),
+    ("warmup_stable_decay", {"num_decay_steps": 8, "warmup_type": "1-sqrt", "decay_type": "1-sqrt",
+                             "min_lr_ratio": 0.05}, (4, 20, 24)),
+    ("warmup_stable_decay", {"num_decay_steps": 6, "num_cycles": 1.0}, NO_WARMUP),
+    ("warmup_stable_decay", {"num_decay_steps": 0}, (3, 10, 12)),
+    ("warmup_stable_decay", {"num_decay_steps": 20, "decay_type": "linear"}, (5, 20, 24)),  # stable -5
+    ("warmup_stable_decay", {"num_decay_steps": 2, "warmup_type": "cosine", "min_lr_ratio": 1}, WARMUP_IS_TOTAL),
+]
 
 
-# --- hand-copied from transformers/optimization.py -------------------------------------------
-def _get_constant_lambda(_=None):
-    return 1
-
-
-def _get_constant_schedule_with_warmup_lr_lambda(current_step: int, *, num_warmup_steps: int):
-    if current_step < num_warmup_steps:
-        return float(current_step) / float(max(1.0, num_warmup_steps))
-    return 1.0
-
-
-def _get_linear_schedule_with_warmup_lr_lambda(current_step: int, *, num_warmup_steps: int, num_training_steps: int):
-    if current_step < num_warmup_steps:
-        return float(current_step) / float(max(1, num_warmup_steps))
-    return max(0.0, float(num_training_steps - current_step) / float(max(1, num_training_steps - num_warmup_steps)))
-
-
-def _get_cosine_schedule_with_warmup_lr_lambda(
-    current_step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float
-):
-    if current_step < num_warmup_steps:
-        return float(current_step) / float(max(1, num_warmup_steps))
-    progress = float(current_step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
-# --------------------------------------------------------------------------------------------
-
-
-def hand_copied_scheduler(name, optimizer, num_warmup_steps, num_training_steps):
-    if name == "constant":
-        lr_lambda = _get_constant_lambda
-    elif name == "constant_with_warmup":
-        lr_lambda = functools.partial(_get_constant_schedule_with_warmup_lr_lambda, num_warmup_steps=num_warmup_steps)
-    elif name == "linear":
-        lr_lambda = functools.partial(_get_linear_schedule_with_warmup_lr_lambda,
-                                      num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
-    elif name == "cosine":
-        lr_lambda = functools.partial(_get_cosine_schedule_with_warmup_lr_lambda, num_warmup_steps=num_warmup_steps,
-                                      num_training_steps=num_training_steps, num_cycles=0.5)
-    else:
-        raise ValueError(name)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-
-
-def make_scheduler(name, optimizer, warmup, total):
-    try:
-        import transformers
-    except ImportError:
-        return hand_copied_scheduler(name, optimizer, warmup, total), "hand-copied transformers formulas"
-    return (transformers.get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total),
-            f"transformers {transformers.__version__}")
+def run(name, kwargs, warmup, total, steps):
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in BASE_LRS]
+    optimizer = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, BASE_LRS)],
+                                lr=DEFAULT_LR)
+    with warnings.catch_warnings():
+        # get_wsd_schedule warns that num_stable_steps wins over num_training_steps.
+        warnings.simplefilter("ignore")
+        scheduler = transformers.get_scheduler(name, optimizer, num_warmup_steps=warmup,
+                                               num_training_steps=total,
+                                               scheduler_specific_kwargs=dict(kwargs))
+    lrs = [[group["lr"] for group in optimizer.param_groups]]
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        lrs.append([group["lr"] for group in optimizer.param_groups])
+    state = scheduler.state_dict()
+    return {
+        "name": name,
+        "kwargs": kwargs,
+        "num_warmup_steps": warmup,
+        "num_training_steps": total,
+        "steps": steps,
+        "lrs": lrs,
+        "last_lr": scheduler.get_last_lr(),
+        "state_dict": {"base_lrs": state["base_lrs"], "last_epoch": state["last_epoch"],
+                       "_step_count": state["_step_count"], "_last_lr": state["_last_lr"]},
+    }
 
 
 def main():
     out_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                   "lr_schedules.json")
-    doc = {"base_lrs": BASE_LRS, "torch": torch.__version__, "configs": []}
-    for warmup, total, steps in CONFIGS:
-        config = {"num_warmup_steps": warmup, "num_training_steps": total, "steps": steps, "schedules": {}}
-        for name in SCHEDULES:
-            params = [torch.nn.Parameter(torch.zeros(1)) for _ in BASE_LRS]
-            optimizer = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, BASE_LRS)])
-            scheduler, source = make_scheduler(name, optimizer, warmup, total)
-            doc["source"] = source
-            lrs = [[group["lr"] for group in optimizer.param_groups]]
-            for _ in range(steps):
-                optimizer.step()
-                scheduler.step()
-                lrs.append([group["lr"] for group in optimizer.param_groups])
-            state = scheduler.state_dict()
-            config["schedules"][name] = {
-                "lrs": lrs,
-                "last_lr": scheduler.get_last_lr(),
-                "state_dict": {"base_lrs": state["base_lrs"], "last_epoch": state["last_epoch"],
-                               "_step_count": state["_step_count"], "_last_lr": state["_last_lr"]},
-            }
-        doc["configs"].append(config)
+    doc = {"source": f"transformers {transformers.__version__}", "torch": torch.__version__,
+           "base_lrs": BASE_LRS, "defaults_lr": DEFAULT_LR,
+           "cases": [run(name, kwargs, *config) for name, kwargs, config in CASES]}
+    # One line per case, so that a regenerated file diffs case by case.
+    cases = doc.pop("cases")
+    text = json.dumps(doc, indent=1)[:-2] + ',\n "cases": [\n'
+    text += ",\n".join("  " + json.dumps(case) for case in cases) + "\n ]\n}\n"
+    assert json.loads(text)["cases"] == cases
     with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"wrote {out_path} ({doc['source']})")
+        f.write(text)
+    print(f"wrote {out_path} ({doc['source']}, {len(cases)} cases)")
 
 
 if __name__ == "__main__":
