@@ -27,6 +27,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
   include/mantissa/tensorboard_callback.h
+  include/mantissa/distributed.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -71,7 +72,13 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/evaluation.cpp
   src/trainer/trainer.cpp
   src/trainer/trainer_loop.cpp
+  src/distributed/environment.cpp
+  src/distributed/sampler.cpp
+  src/distributed/process_group.cpp
 )
+# The one file that includes ProcessGroupGloo.hpp (and ProcessGroupNCCL.hpp): it alone needs the
+# gloo and NCCL headers (CMakeLists.txt).
+set(MANTISSA_C10D_SOURCES src/distributed/process_group.cpp)
 # CPU kernels compiled once per instruction set with their own flags, and without the PCH
 # (cmake/MantissaCpuKernels.cmake); the library picks one at run time.
 set(MANTISSA_CPU_KERNEL_SOURCES
@@ -86,4 +93,5 @@ set(MANTISSA_CUDA_SOURCES
 list(TRANSFORM MANTISSA_PUBLIC_HEADERS PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CXX_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CPU_KERNEL_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
+list(TRANSFORM MANTISSA_C10D_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CUDA_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")

@@ -13,6 +13,7 @@
 #include <mantissa/batch.h>
 #include <mantissa/choice.h>
 #include <mantissa/clip_grad.h>
+#include <mantissa/distributed.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>

@@ -1,0 +1,130 @@
+// init_process_group: the store and the backend, laid out as Python's
+// torch.distributed.init_process_group(init_method="env://") lays them out.
+//
+// ProcessGroupGloo.hpp needs gloo's headers, which come from Debian's libgloo-dev and are older
+// than the gloo built into the torch wheel. Only the wheel's code may construct gloo objects (two
+// definitions of one gloo type would break the one-definition rule), so this file only calls
+// ProcessGroupGloo's own factories and never names a gloo type beyond the device pointer.
+
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(MANTISSA_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "mantissa/distributed.h"
+
+namespace mantissa::distributed {
+namespace {
+
+// torch/distributed/rendezvous.py, _create_c10d_store: the agent's store, or rank 0's.
+c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
+                                             std::chrono::milliseconds timeout) {
+  if (!env.is_distributed() && env.master_addr.empty()) {
+    return c10::make_intrusive<c10d::HashStore>();
+  }
+  TORCH_CHECK_VALUE(!env.master_addr.empty() && env.master_port != 0,
+                    "init_process_group: MASTER_ADDR and MASTER_PORT must both be set (they are '",
+                    env.master_addr, "' and ", env.master_port, ")");
+  c10d::TCPStoreOptions options;
+  options.port = env.master_port;
+  options.numWorkers = static_cast<size_t>(env.world_size);
+  options.timeout = timeout;
+  if (env.use_agent_store) {
+    // The agent made a new store for this attempt; the prefix keeps its keys apart.
+    options.isServer = false;
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.restart_count), store);
+  }
+  options.isServer = env.rank == 0;
+  options.multiTenant = true;
+  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+}
+
+std::vector<std::string> split_interfaces(const std::string& names) {
+  std::vector<std::string> out;
+  std::stringstream stream(names);
+  std::string name;
+  while (std::getline(stream, name, ',')) {
+    if (!name.empty()) out.push_back(name);
+  }
+  return out;
+}
+
+c10::intrusive_ptr<c10d::Backend> create_gloo(const DistributedEnvironment& env,
+                                              const c10::intrusive_ptr<c10d::Store>& store,
+                                              std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  // Python's ProcessGroupGloo(store, rank, size, timeout): one device per GLOO_SOCKET_IFNAME
+  // entry, else the default device (this host's name, the loopback address as a fallback).
+  for (const auto& interface : split_interfaces(env.gloo_socket_ifname)) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+  }
+  if (options->devices.empty()) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      store, static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
+  backend->setSequenceNumberForGroup();
+  return backend;
+}
+
+c10::intrusive_ptr<c10d::Backend> create_nccl(const DistributedEnvironment& env,
+                                              const c10::intrusive_ptr<c10d::Store>& store,
+                                              std::chrono::milliseconds timeout) {
+#if defined(MANTISSA_WITH_NCCL)
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      store, static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
+  backend->setSequenceNumberForGroup();
+  return backend;
+#else
+  TORCH_CHECK(false,
+              "init_process_group: backend 'nccl' needs a mantissa built with CUDA and the NCCL "
+              "headers (nvidia-nccl wheel); this build has neither, use 'gloo'");
+#endif
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const DistributedEnvironment& env,
+                                                          Backend backend,
+                                                          std::chrono::milliseconds timeout) {
+  TORCH_CHECK_VALUE(timeout.count() > 0, "init_process_group: timeout must be positive, but it is ",
+                    timeout.count(), " ms");
+  auto store = create_store(env, timeout);
+  store->setTimeout(timeout);
+  // The key layout of Python's default group (distributed_c10d.py): "default_pg", then the group
+  // name "0/", then the device, so a C++ rank and a Python rank could share one store.
+  auto group_store = c10::make_intrusive<c10d::PrefixStore>(
+      "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+  const int rank = static_cast<int>(env.rank);
+  const int size = static_cast<int>(env.world_size);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(group_store, rank, size);
+
+  if (backend == Backend::gloo) {
+    auto gloo =
+        create_gloo(env, c10::make_intrusive<c10d::PrefixStore>("cpu/", group_store), timeout);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    // Gloo also takes CUDA tensors (through host copies), as in Python.
+    group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  } else {
+    auto nccl =
+        create_nccl(env, c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store), timeout);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  }
+  group->setGroupName("0");
+  group->setGroupDesc("default_pg");
+  return group;
+}
+
+}  // namespace mantissa::distributed

@@ -1,0 +1,245 @@
+// Two (or more) real processes joined by mantissa::distributed::init_process_group over Gloo on
+// 127.0.0.1. One executable plays both parts:
+//
+//   distributed_check spawn [--world-size N] [--agent-store] [--kill-rank R] [--deadline-s S]
+//     the launcher: finds a free port, starts N copies of itself as "rank" with RANK, WORLD_SIZE,
+//     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them, and
+//     checks how they end. With --agent-store it hosts the TCPStore itself and sets
+//     TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent does. With --kill-rank R, rank R
+//     exits right after joining, and every other rank must then fail (exit non-zero) instead of
+//     hanging. Ranks still running at the deadline are killed and the check fails.
+//   distributed_check rank [--die-after-init] [--timeout-s S]
+//     one rank: an allreduce (sum), a broadcast from rank 0, an allgather and a barrier, each
+//     result compared with what it must be.
+//
+// Exit status: 0 when everything came out as expected.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <mantissa/distributed.h>
+
+extern char** environ;
+
+namespace {
+
+namespace dist = mantissa::distributed;
+
+constexpr int kDiedOnPurpose = 3;
+
+bool same(const at::Tensor& got, const at::Tensor& want, const std::string& what, int64_t rank) {
+  if (torch::equal(got, want)) return true;
+  std::cerr << "rank " << rank << ": " << what << " gave " << got << " instead of " << want
+            << std::endl;
+  return false;
+}
+
+int run_rank(bool die_after_init, int timeout_s) {
+  const auto env = dist::DistributedEnvironment::from_env();
+  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(timeout_s));
+  std::cout << "rank " << env.rank << " of " << env.world_size << " joined (agent store "
+            << (env.use_agent_store ? "yes" : "no") << ")" << std::endl;
+  if (die_after_init) {
+    std::cout << "rank " << env.rank << " leaves without a word" << std::endl;
+    std::_Exit(kDiedOnPurpose);
+  }
+  const int64_t world = env.world_size;
+  bool ok = true;
+
+  // allreduce: rank r contributes (r + 1) * [1, 2, 3]; the sum is W (W + 1) / 2 * [1, 2, 3].
+  std::vector<at::Tensor> sum{torch::tensor({1.f, 2.f, 3.f}) * float(env.rank + 1)};
+  group->allreduce(sum)->wait();
+  ok &= same(sum[0], torch::tensor({1.f, 2.f, 3.f}) * float(world * (world + 1) / 2), "allreduce",
+             env.rank);
+
+  // broadcast from rank 0: every rank ends with rank 0's tensor.
+  std::vector<at::Tensor> shared{env.rank == 0 ? torch::arange(5, torch::kLong) * 10
+                                               : torch::full({5}, -1, torch::kLong)};
+  group->broadcast(shared)->wait();
+  ok &= same(shared[0], torch::arange(5, torch::kLong) * 10, "broadcast", env.rank);
+
+  // allgather: slot r holds rank r's value.
+  std::vector<std::vector<at::Tensor>> gathered(1);
+  for (int64_t r = 0; r < world; ++r) gathered[0].push_back(torch::empty({1}, torch::kInt));
+  std::vector<at::Tensor> mine{torch::full({1}, int(env.rank * 7), torch::kInt)};
+  group->allgather(gathered, mine)->wait();
+  for (int64_t r = 0; r < world; ++r) {
+    ok &= same(gathered[0][r], torch::full({1}, int(r * 7), torch::kInt), "allgather", env.rank);
+  }
+
+  group->barrier()->wait();
+  std::cout << "rank " << env.rank << (ok ? ": all collectives correct" : ": WRONG RESULTS")
+            << std::endl;
+  return ok ? 0 : 1;
+}
+
+// A port nobody listens on right now: bind port 0 and ask which one the kernel gave.
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
+  c10::intrusive_ptr<c10d::TCPStore> agent;  // lives until the ranks are done
+  uint16_t port = 0;
+  if (agent_store) {
+    c10d::TCPStoreOptions options;
+    options.port = 0;  // the store picks a free port itself: no race with other tests
+    options.isServer = true;
+    options.waitWorkers = false;
+    agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+    port = agent->getPort();
+  } else {
+    port = free_port();
+  }
+  std::cout << "launcher: " << world_size << " ranks, store on 127.0.0.1:" << port
+            << (agent_store ? " (hosted by the launcher)" : " (hosted by rank 0)") << std::endl;
+
+  const std::vector<std::string> ours = {"RANK=",
+                                         "WORLD_SIZE=",
+                                         "LOCAL_RANK=",
+                                         "LOCAL_WORLD_SIZE=",
+                                         "MASTER_ADDR=",
+                                         "MASTER_PORT=",
+                                         "TORCHELASTIC_USE_AGENT_STORE=",
+                                         "TORCHELASTIC_RESTART_COUNT=",
+                                         "GLOO_SOCKET_IFNAME=",
+                                         "OMP_NUM_THREADS="};
+  std::vector<std::string> base;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const auto& prefix : ours) replaced |= entry.rfind(prefix, 0) == 0;
+    if (!replaced) base.push_back(entry);
+  }
+
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<std::string> env = base;
+    for (const std::string& kv :
+         {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
+          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world_size),
+          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+          std::string("GLOO_SOCKET_IFNAME=lo"), std::string("OMP_NUM_THREADS=1")}) {
+      env.push_back(kv);
+    }
+    if (agent_store) {
+      env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
+      env.push_back("TORCHELASTIC_RESTART_COUNT=0");
+    }
+    std::vector<std::string> args = {"distributed_check", "rank", "--timeout-s",
+                                     std::to_string(deadline_s / 2)};
+    if (rank == kill_rank) args.push_back("--die-after-init");
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    const int rc =
+        ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0) {
+      std::cerr << "launcher: cannot start rank " << rank << ": " << std::strerror(rc) << std::endl;
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      return 1;
+    }
+    pids.push_back(pid);
+  }
+
+  std::vector<int> status(world_size, -1);
+  int running = world_size;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadline_s);
+  while (running > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      if (status[rank] != -1) continue;
+      int wstatus = 0;
+      if (::waitpid(pids[rank], &wstatus, WNOHANG) == pids[rank]) {
+        status[rank] = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+        --running;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  bool ok = true;
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (status[rank] == -1) {
+      std::cerr << "launcher: rank " << rank << " still running after " << deadline_s
+                << " s: killed (a hang)" << std::endl;
+      ::kill(pids[rank], SIGKILL);
+      ::waitpid(pids[rank], nullptr, 0);
+      ok = false;
+      continue;
+    }
+    std::cout << "launcher: rank " << rank << " exited with " << status[rank] << std::endl;
+    if (kill_rank < 0) {
+      ok &= status[rank] == 0;
+    } else if (rank == kill_rank) {
+      ok &= status[rank] == kDiedOnPurpose;
+    } else {
+      ok &= status[rank] != 0 && status[rank] != kDiedOnPurpose;  // noticed, did not hang
+    }
+  }
+  std::cout << "launcher: " << (ok ? "PASSED" : "FAILED") << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  auto flag = [&](const std::string& name) {
+    for (const auto& a : args) {
+      if (a == name) return true;
+    }
+    return false;
+  };
+  auto number = [&](const std::string& name, int fallback) {
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == name) return std::stoi(args[i + 1]);
+    }
+    return fallback;
+  };
+  try {
+    if (!args.empty() && args[0] == "rank") {
+      return run_rank(flag("--die-after-init"), number("--timeout-s", 30));
+    }
+    if (!args.empty() && args[0] == "spawn") {
+      return spawn(number("--world-size", 2), flag("--agent-store"), number("--kill-rank", -1),
+                   number("--deadline-s", 60));
+    }
+    std::cerr << "usage: distributed_check spawn [--world-size N] [--agent-store] "
+                 "[--kill-rank R] [--deadline-s S] | rank [--die-after-init] [--timeout-s S]"
+              << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 2;
+  }
+}
