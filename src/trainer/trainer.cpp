@@ -208,6 +208,11 @@ void Trainer::Impl::log(LogEntry logs) {
   callbacks_.fire(&TrainerCallback::on_log, logs);
 }
 
+detail::EvaluationParts Trainer::Impl::evaluation_parts() {
+  return {args_,    plan_,         device_,          *module_,
+          forward_, compute_loss_, compute_metrics_, preprocess_logits_};
+}
+
 LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& prefix,
                                  bool during_train) {
   if (dataset == nullptr) {
@@ -216,10 +221,7 @@ LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& 
                       "constructor, or to evaluate())");
     dataset = &*eval_;
   }
-  const detail::EvaluationParts parts{
-      args_,    plan_,         device_,          *module_,
-      forward_, compute_loss_, compute_metrics_, preprocess_logits_};
-  const auto metrics = detail::run_evaluation(parts, *dataset, prefix, during_train,
+  const auto metrics = detail::run_evaluation(evaluation_parts(), *dataset, prefix, during_train,
                                               /*keep_predictions=*/false)
                            .metrics;
   if (during_train && update_best_metric(metrics)) best_unsaved_ = true;
@@ -229,10 +231,7 @@ LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& 
 }
 
 PredictionOutput Trainer::Impl::predict(const BatchSource& dataset, const std::string& prefix) {
-  const detail::EvaluationParts parts{
-      args_,    plan_,         device_,          *module_,
-      forward_, compute_loss_, compute_metrics_, preprocess_logits_};
-  auto result = detail::run_evaluation(parts, dataset, prefix, /*during_train=*/false,
+  auto result = detail::run_evaluation(evaluation_parts(), dataset, prefix, /*during_train=*/false,
                                        /*keep_predictions=*/true);
   callbacks_.fire(&TrainerCallback::on_predict, result.metrics);
   return PredictionOutput{std::move(result.predictions), std::move(result.label_ids),

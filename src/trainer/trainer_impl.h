@@ -13,6 +13,7 @@
 
 #include "trainer/callback_handler.h"
 #include "trainer/checkpoint.h"
+#include "trainer/evaluation.h"
 #include "trainer/interval_policy.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer_factory.h"
@@ -66,6 +67,8 @@ class Trainer::Impl {
   /// `on_evaluate`; during training also updates the best metric. Python: `Trainer.evaluate`.
   /// Syncs.
   LogEntry evaluate(const BatchSource* dataset, const std::string& prefix, bool during_train);
+  /// What an evaluation or a prediction runs on: this Trainer's model, functions and plan.
+  detail::EvaluationParts evaluation_parts();
   /// Runs `dataset` as an evaluation, keeping the predictions; fires `on_predict`.
   PredictionOutput predict(const BatchSource& dataset, const std::string& prefix);
   /// Whether `metrics` improve the best metric (`metric_for_best_model`); records it, and the
