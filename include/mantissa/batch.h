@@ -13,6 +13,7 @@
 
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/data/example.h>
 #include <torch/types.h>
 
@@ -148,10 +149,7 @@ class Batch {
   }
   std::string describe_names() const {
     const auto all = names();
-    if (all.empty()) return "none";
-    std::string text;
-    for (const auto& name : all) text += (text.empty() ? "" : ", ") + name;
-    return text;
+    return all.empty() ? std::string("none") : c10::Join(", ", all);
   }
 
   std::vector<std::pair<std::string, torch::Tensor>> others_;

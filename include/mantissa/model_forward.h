@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/types.h>
 
 #include <mantissa/batch.h>
@@ -72,10 +73,10 @@ ModelOutput forward_entries(Model& model, const Batch& batch,
   const auto entries = batch.items();
   constexpr std::size_t kCount = sizeof...(I);
   if (entries.size() < kCount) {
-    std::string names;
-    for (const auto& entry : entries) names += (names.empty() ? "" : ", ") + entry.first;
+    const auto names = batch.names();
     TORCH_CHECK_VALUE(false, "the model's forward takes ", kCount, " tensors, but the batch has ",
-                      entries.size(), " (", names.empty() ? std::string("none") : names,
+                      entries.size(), " (",
+                      names.empty() ? std::string("none") : c10::Join(", ", names),
                       "); give it a forward(const mantissa::Batch&) to choose its inputs by name");
   }
   return to_model_output(model->forward(entries[I].second...));
