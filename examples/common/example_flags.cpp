@@ -49,4 +49,18 @@ c10::ScalarType model_dtype_of(const std::string& model_dtype) {
   return c10::kFloat;
 }
 
+void add_fashion_model_option(CLI::App& app, std::string& model) {
+  app.add_option("--model", model,
+                 "Model to train: cnn (two conv blocks, dropout in the head) or mlp "
+                 "(784-256-256-10, no dropout: runs of different world sizes compare)")
+      ->check(CLI::IsMember({"cnn", "mlp"}))
+      ->capture_default_str();
+}
+
+FashionModelKind fashion_model_of(const std::string& model) {
+  if (model == "mlp") return FashionModelKind::mlp;
+  TORCH_CHECK_VALUE(model == "cnn", "--model must be cnn or mlp, got '", model, "'");
+  return FashionModelKind::cnn;
+}
+
 }  // namespace mantissa::examples
