@@ -67,6 +67,8 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/loss_window.cpp
   src/trainer/optimizer_factory.cpp
   src/trainer/eager_engine.cpp
+  src/trainer/data_parallel.cpp
+  src/trainer/gradient_sync.cpp
   src/trainer/graph_engine.cpp
   src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp

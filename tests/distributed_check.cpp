@@ -13,13 +13,6 @@
 //     result compared with what it must be.
 //
 // Exit status: 0 when everything came out as expected.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +26,7 @@
 
 #include <mantissa/distributed.h>
 
-extern char** environ;
+#include "multiprocess.h"
 
 namespace {
 
@@ -87,23 +80,8 @@ int run_rank(bool die_after_init, int timeout_s) {
   return ok ? 0 : 1;
 }
 
-// A port nobody listens on right now: bind port 0 and ask which one the kernel gave.
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
+  namespace mt = mantissa::testing;
   c10::intrusive_ptr<c10d::TCPStore> agent;  // lives until the ranks are done
   uint16_t port = 0;
   if (agent_store) {
@@ -114,39 +92,16 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
     agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
     port = agent->getPort();
   } else {
-    port = free_port();
+    port = mt::free_port();
   }
   std::cout << "launcher: " << world_size << " ranks, store on 127.0.0.1:" << port
             << (agent_store ? " (hosted by the launcher)" : " (hosted by rank 0)") << std::endl;
 
-  const std::vector<std::string> ours = {"RANK=",
-                                         "WORLD_SIZE=",
-                                         "LOCAL_RANK=",
-                                         "LOCAL_WORLD_SIZE=",
-                                         "MASTER_ADDR=",
-                                         "MASTER_PORT=",
-                                         "TORCHELASTIC_USE_AGENT_STORE=",
-                                         "TORCHELASTIC_RESTART_COUNT=",
-                                         "GLOO_SOCKET_IFNAME=",
-                                         "OMP_NUM_THREADS="};
-  std::vector<std::string> base;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    bool replaced = false;
-    for (const auto& prefix : ours) replaced |= entry.rfind(prefix, 0) == 0;
-    if (!replaced) base.push_back(entry);
-  }
-
+  const auto base = mt::environment_without_launcher_variables();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world_size; ++rank) {
     std::vector<std::string> env = base;
-    for (const std::string& kv :
-         {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
-          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world_size),
-          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-          std::string("GLOO_SOCKET_IFNAME=lo"), std::string("OMP_NUM_THREADS=1")}) {
-      env.push_back(kv);
-    }
+    for (const auto& kv : mt::rank_variables(rank, world_size, port)) env.push_back(kv);
     if (agent_store) {
       env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
       env.push_back("TORCHELASTIC_RESTART_COUNT=0");
@@ -154,43 +109,19 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
     std::vector<std::string> args = {"distributed_check", "rank", "--timeout-s",
                                      std::to_string(deadline_s / 2)};
     if (rank == kill_rank) args.push_back("--die-after-init");
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    pid_t pid = 0;
-    const int rc =
-        ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
-    if (rc != 0) {
-      std::cerr << "launcher: cannot start rank " << rank << ": " << std::strerror(rc) << std::endl;
+    try {
+      pids.push_back(mt::start_process("/proc/self/exe", args, env));
+    } catch (const std::exception& e) {
+      std::cerr << "launcher: rank " << rank << ": " << e.what() << std::endl;
       for (pid_t p : pids) ::kill(p, SIGKILL);
       return 1;
     }
-    pids.push_back(pid);
   }
 
-  std::vector<int> status(world_size, -1);
-  int running = world_size;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadline_s);
-  while (running > 0 && std::chrono::steady_clock::now() < deadline) {
-    for (int rank = 0; rank < world_size; ++rank) {
-      if (status[rank] != -1) continue;
-      int wstatus = 0;
-      if (::waitpid(pids[rank], &wstatus, WNOHANG) == pids[rank]) {
-        status[rank] = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const auto status = mt::wait_for(pids, deadline_s);
   bool ok = true;
   for (int rank = 0; rank < world_size; ++rank) {
     if (status[rank] == -1) {
-      std::cerr << "launcher: rank " << rank << " still running after " << deadline_s
-                << " s: killed (a hang)" << std::endl;
-      ::kill(pids[rank], SIGKILL);
-      ::waitpid(pids[rank], nullptr, 0);
       ok = false;
       continue;
     }

@@ -192,7 +192,14 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.load_best_model_at_end());
   EXPECT_FALSE(a.metric_for_best_model().has_value());
   EXPECT_FALSE(a.greater_is_better().has_value());
-  EXPECT_EQ(field_names().size(), 58u) << "a field was added or removed: update this test, "
+  EXPECT_FALSE(a.ddp_backend().has_value());
+  EXPECT_EQ(a.ddp_timeout(), 1800);
+  EXPECT_FALSE(a.ddp_find_unused_parameters().has_value());
+  EXPECT_FALSE(a.ddp_bucket_cap_mb().has_value());
+  EXPECT_FALSE(a.ddp_broadcast_buffers().has_value());
+  EXPECT_FALSE(a.save_on_each_node());
+  EXPECT_TRUE(a.log_on_each_node());
+  EXPECT_EQ(field_names().size(), 65u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -330,7 +337,9 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--low_precision_update", "stochastic_rounding", "--label_names", "start", "end",
       "--load_best_model_at_end", "--metric_for_best_model", "accuracy",
       "--greater_is_better", "false", "--eval_strategy", "steps", "--save_steps", "10",
-      "--eval_steps", "5"};
+      "--eval_steps", "5", "--ddp_backend", "gloo", "--ddp_timeout", "60",
+      "--ddp_find_unused_parameters", "false", "--ddp_bucket_cap_mb", "50",
+      "--ddp_broadcast_buffers", "false", "--save_on_each_node", "--log_on_each_node", "false"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -403,6 +412,41 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_TRUE(b.load_best_model_at_end());
   EXPECT_EQ(b.metric_for_best_model(), std::optional<std::string>("accuracy"));
   EXPECT_EQ(b.greater_is_better(), std::optional<bool>(false));
+  EXPECT_EQ(b.ddp_backend(), std::optional<std::string>("gloo"));
+  EXPECT_EQ(b.ddp_timeout(), 60);
+  EXPECT_EQ(b.ddp_find_unused_parameters(), std::optional<bool>(false));
+  EXPECT_EQ(b.ddp_bucket_cap_mb(), std::optional<int64_t>(50));
+  EXPECT_EQ(b.ddp_broadcast_buffers(), std::optional<bool>(false));
+  EXPECT_TRUE(b.save_on_each_node());
+  EXPECT_FALSE(b.log_on_each_node());
+}
+
+TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_backend("mpi")),
+            "ddp_backend: 'mpi' is a backend mantissa does not build; choose gloo (CPU) or nccl "
+            "(CUDA), or leave it unset");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_backend("tcp")),
+            "ddp_backend: 'tcp' is not a collective backend; choose gloo (CPU) or nccl (CUDA), "
+            "or leave it unset");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_timeout(0)),
+            "ddp_timeout must be a positive number of seconds, got 0");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_bucket_cap_mb(0)),
+            "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, got 0");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_backend("nccl").ddp_bucket_cap_mb(1)),
+            "<no exception>");
+
+  const TrainingArguments defaults;
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCPU)), "gloo");
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCUDA, 1)), "nccl");
+  EXPECT_EQ(TrainingArguments().ddp_backend("gloo").resolved_ddp_backend(c10::Device(c10::kCUDA)),
+            "gloo");
+  EXPECT_TRUE(defaults.resolved_ddp_find_unused_parameters());
+  EXPECT_FALSE(
+      TrainingArguments().ddp_find_unused_parameters(false).resolved_ddp_find_unused_parameters());
+  EXPECT_EQ(defaults.resolved_ddp_bucket_cap_mb(), 25);
+  EXPECT_EQ(TrainingArguments().ddp_bucket_cap_mb(4).resolved_ddp_bucket_cap_mb(), 4);
+  EXPECT_TRUE(defaults.resolved_ddp_broadcast_buffers());
+  EXPECT_FALSE(TrainingArguments().ddp_broadcast_buffers(false).resolved_ddp_broadcast_buffers());
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {

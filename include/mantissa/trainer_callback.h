@@ -60,6 +60,12 @@ struct TrainerState {
   std::int64_t steps_in_epoch = 0;
   /// mantissa: optimizer steps skipped because the gradients overflowed (fp16).
   std::int64_t skipped_steps = 0;
+  /// Whether this process is the first of its node (local rank 0); always true for a lone
+  /// process. Python: `TrainerState.is_local_process_zero`.
+  bool is_local_process_zero = true;
+  /// Whether this process is rank 0, the one that logs and saves; always true for a lone
+  /// process. Callbacks that write files check it. Python: `TrainerState.is_world_process_zero`.
+  bool is_world_process_zero = true;
 
   /// `trainer_state.json`'s text. Python: `TrainerState.save_to_json` (same keys).
   std::string to_json() const;

@@ -169,6 +169,29 @@
   X(bool, dataloader_pin_memory, true,                                                             \
     "Put batches in page-locked memory, so their copy to the GPU does not block the host.")        \
   X(bool, disable_tqdm, false, "Print no progress bar.")                                           \
+  /* ---- several processes (torchrun) ------------------------------------------------- */        \
+  X(std::optional<std::string>, ddp_backend, std::nullopt,                                         \
+    "Collective backend when the launcher starts several processes: gloo (CPU) or nccl (CUDA). "   \
+    "Unset picks nccl for a CUDA device, gloo for the CPU.")                                       \
+  X(int64_t, ddp_timeout, 1800,                                                                    \
+    "Seconds a process waits for the others (joining, each collective, each save) before it "      \
+    "stops with an error.")                                                                        \
+  X(std::optional<bool>, ddp_find_unused_parameters, std::nullopt,                                 \
+    "Walk the autograd graph after each forward to find parameters that get no gradient, so the "  \
+    "gradient sync does not wait for them. Unset: true, as HF sets for models of its own kind "    \
+    "without checkpointing.")                                                                      \
+  X(std::optional<int64_t>, ddp_bucket_cap_mb, std::nullopt,                                       \
+    "Size in MiB of the gradient buckets that are averaged across processes while backward "       \
+    "still runs. Unset: 25 (the first bucket 1), as DistributedDataParallel.")                     \
+  X(std::optional<bool>, ddp_broadcast_buffers, std::nullopt,                                      \
+    "Copy rank 0's module buffers (batch-norm statistics) to every process before each forward. "  \
+    "Unset: true, as DistributedDataParallel.")                                                    \
+  X(bool, save_on_each_node, false,                                                                \
+    "Write checkpoints and the final model on the first process of every node, not only on "       \
+    "rank 0 (for nodes that share no file system).")                                               \
+  X(bool, log_on_each_node, true,                                                                  \
+    "Print log lines and the progress bar on the first process of every node; false prints them "  \
+    "on rank 0 alone.")                                                                            \
   /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */         \
   X(bool, cuda_graph, false,                                                                       \
     "After the warm-up steps, record one whole training step (forward, backward, unscale, "        \
@@ -305,9 +328,21 @@ class TrainingArguments {
   c10::ScalarType compute_dtype() const;
 
   /// Where training runs: the CPU when `use_cpu` is set or no CUDA device is present, else
-  /// `cuda:0`. Python: `TrainingArguments.device` (single process). Queries CUDA's device
-  /// count (initialising CUDA); no sync.
+  /// `cuda:<LOCAL_RANK>` (`cuda:0` for a lone process). Python: `TrainingArguments.device`.
+  /// Queries CUDA's device count (initialising CUDA); no sync. Throws `c10::ValueError` when
+  /// the launcher's variables are malformed or `LOCAL_RANK` names a device this node lacks.
   c10::Device device() const;
+
+  /// The collective backend of a run on `device`: `ddp_backend` when set, else `nccl` for a
+  /// CUDA device and `gloo` for the CPU (HF leaves the choice to accelerate, which does this).
+  std::string resolved_ddp_backend(const c10::Device& device) const;
+  /// `ddp_find_unused_parameters`, true when unset (HF's value for a model that is not a
+  /// `PreTrainedModel`).
+  bool resolved_ddp_find_unused_parameters() const;
+  /// `ddp_bucket_cap_mb`, 25 when unset (`DistributedDataParallel`'s `bucket_cap_mb`).
+  int64_t resolved_ddp_bucket_cap_mb() const;
+  /// `ddp_broadcast_buffers`, true when unset (`DistributedDataParallel`'s default).
+  bool resolved_ddp_broadcast_buffers() const;
 
   /// The first loss scale: `loss_scale` when a static scale is set, else
   /// `2^initial_scale_power` (65536 by default, `torch.amp.GradScaler`'s `init_scale`).

@@ -205,56 +205,107 @@ void clean_interrupted_saves(const std::string& output_dir) {
 
 std::string checkpoint_name(std::int64_t step) { return kPrefix + std::to_string(step); }
 
-std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
+std::string shared_checkpoint_folder(const std::string& output_dir, std::int64_t step) {
+  return io::join_path(output_dir, aside_prefix(kWritingPrefix, checkpoint_name(step)) + "shared");
+}
+
+std::string begin_checkpoint(const std::string& output_dir, std::int64_t step, bool shared_name) {
   io::create_directories(output_dir);
   clean_interrupted_saves(output_dir);
-  const std::string name = checkpoint_name(parts.state->global_step);
+  if (!shared_name) {
+    return io::make_temp_directory(output_dir, aside_prefix(kWritingPrefix, checkpoint_name(step)));
+  }
+  const auto folder = shared_checkpoint_folder(output_dir, step);
+  if (io::path_exists(folder)) io::remove_all(folder);
+  io::create_directories(folder);
+  return folder;
+}
+
+void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts) {
+  const auto file = [&](const char* name) { return io::join_path(folder, name); };
+  before_write(file("model.safetensors"));
+  io::save_module_safetensors(file("model.safetensors"), *parts.model);
+  {
+    torch::serialize::OutputArchive archive;
+    parts.optimizer->save(archive);
+    write_archive(file("optimizer.pt"), archive);
+  }
+  before_write(file("scheduler.pt"));
+  parts.scheduler->save(file("scheduler.pt"));
+  before_write(file("scaler.pt"));
+  parts.scaler->save(file("scaler.pt"));
+  if (parts.masters != nullptr) {
+    torch::serialize::OutputArchive archive;
+    parts.masters->save(archive);
+    write_archive(file("master_weights.pt"), archive);
+  }
+  write_text(file("trainer_state.json"), parts.state->to_json());
+  write_text(file("training_args.json"), parts.args->to_json());
+}
+
+namespace {
+
+std::string rng_state_name(std::int64_t process_index, std::int64_t num_processes) {
+  return num_processes > 1 ? "rng_state_" + std::to_string(process_index) + ".pth"
+                           : std::string("rng_state.pth");
+}
+
+}  // namespace
+
+void write_rng_state(const std::string& folder, std::int64_t process_index,
+                     std::int64_t num_processes) {
+  const auto path = io::join_path(folder, rng_state_name(process_index, num_processes));
+  const auto bytes = io::torch_save_bytes(rng_states());
+  before_write(path);
+  io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+std::string publish_checkpoint(const std::string& output_dir, const std::string& folder,
+                               std::int64_t step) {
+  const std::string name = checkpoint_name(step);
   const std::string final_dir = io::join_path(output_dir, name);
-  const std::string tmp = io::make_temp_directory(output_dir, aside_prefix(kWritingPrefix, name));
-  try {
-    const auto file = [&](const char* name) { return io::join_path(tmp, name); };
-    before_write(file("model.safetensors"));
-    io::save_module_safetensors(file("model.safetensors"), *parts.model);
-    {
-      torch::serialize::OutputArchive archive;
-      parts.optimizer->save(archive);
-      write_archive(file("optimizer.pt"), archive);
-    }
-    before_write(file("scheduler.pt"));
-    parts.scheduler->save(file("scheduler.pt"));
-    before_write(file("scaler.pt"));
-    parts.scaler->save(file("scaler.pt"));
-    if (parts.masters != nullptr) {
-      torch::serialize::OutputArchive archive;
-      parts.masters->save(archive);
-      write_archive(file("master_weights.pt"), archive);
-    }
-    {
-      const auto bytes = io::torch_save_bytes(rng_states());
-      before_write(file("rng_state.pth"));
-      io::write_file_atomically(file("rng_state.pth"),
-                                std::string_view(bytes.data(), bytes.size()));
-    }
-    TrainerState state = *parts.state;
-    write_text(file("trainer_state.json"), state.to_json());
-    write_text(file("training_args.json"), parts.args->to_json());
-    // Replace an older folder of the same step (a re-save) only once the new one is complete.
-    if (io::path_exists(final_dir)) {
-      const std::string old =
-          move_aside(output_dir, final_dir, aside_prefix(kReplacedPrefix, name));
-      io::rename_path(tmp, final_dir);
-      io::remove_all(old);
-    } else {
-      io::rename_path(tmp, final_dir);
-    }
-  } catch (...) {
-    try {
-      io::remove_all(tmp);
-    } catch (...) {
-    }
-    throw;
+  // Replace an older folder of the same step (a re-save) only once the new one is complete.
+  if (io::path_exists(final_dir)) {
+    const std::string old = move_aside(output_dir, final_dir, aside_prefix(kReplacedPrefix, name));
+    io::rename_path(folder, final_dir);
+    io::remove_all(old);
+  } else {
+    io::rename_path(folder, final_dir);
   }
   return final_dir;
+}
+
+void abandon_checkpoint(const std::string& folder) noexcept {
+  try {
+    if (!folder.empty()) io::remove_all(folder);
+  } catch (...) {
+  }
+}
+
+std::int64_t saved_process_count(const std::string& dir) {
+  std::int64_t ranked = 0;
+  bool single = false;
+  for (const auto& name : io::list_directory(dir)) {
+    if (name == "rng_state.pth") single = true;
+    if (name.rfind("rng_state_", 0) == 0 && name.size() > 14 &&
+        name.compare(name.size() - 4, 4, ".pth") == 0) {
+      ++ranked;
+    }
+  }
+  return ranked > 0 ? ranked : (single ? 1 : 0);
+}
+
+std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
+  const auto step = parts.state->global_step;
+  const std::string folder = begin_checkpoint(output_dir, step, /*shared_name=*/false);
+  try {
+    write_checkpoint_files(folder, parts);
+    write_rng_state(folder, parts.process_index, parts.num_processes);
+    return publish_checkpoint(output_dir, folder, step);
+  } catch (...) {
+    abandon_checkpoint(folder);
+    throw;
+  }
 }
 
 void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
@@ -288,8 +339,16 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("scaler.pt"), [&] {
     if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
   });
-  loading(file("rng_state.pth"),
-          [&] { restore_rng_states(torch::pickle_load(io::read_file(file("rng_state.pth")))); });
+  const auto rng_name = rng_state_name(parts.process_index, parts.num_processes);
+  const auto rng_file = io::join_path(dir, rng_name);
+  if (parts.num_processes > 1 && !io::path_exists(rng_file)) {
+    // HF goes on without it too: the run continues, but not bit for bit.
+    TORCH_WARN("the checkpoint '", dir, "' has no ", rng_name, " for process ", parts.process_index,
+               ": it was saved by a run with fewer processes, so this process's random state "
+               "(dropout, ...) starts afresh instead of where it stood");
+    return;
+  }
+  loading(rng_file, [&] { restore_rng_states(torch::pickle_load(io::read_file(rng_file))); });
 }
 
 void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,

@@ -42,6 +42,10 @@ struct CheckpointParts {
   /// Loading only: called with the saved TrainerState before anything else is restored; it
   /// throws when the state cannot continue in this run (the model is left untouched then).
   std::function<void(const TrainerState&)> check_state;
+  /// This process's rank and the number of processes: with more than one, each process's
+  /// random state is `rng_state_<rank>.pth` (HF's names), else `rng_state.pth`.
+  std::int64_t process_index = 0;
+  std::int64_t num_processes = 1;
 };
 
 /// `checkpoint-<step>` as a folder name.
@@ -49,6 +53,33 @@ std::string checkpoint_name(std::int64_t step);
 
 /// Writes `output_dir/checkpoint-<state.global_step>` atomically and returns its path.
 std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts);
+
+// ---- a save in steps, for several processes ----------------------------------------------
+// `save_checkpoint` is these in order. A data-parallel save runs them with the other processes
+// in between: the writing process begins and writes the files, every process adds its random
+// state, the writer publishes; a failure anywhere abandons the folder on every writer.
+
+/// Makes the empty folder a new `checkpoint-<step>` is written in, after cleaning interrupted
+/// saves. `shared_name`: a fixed name (`tmp-checkpoint-<step>-shared`) that other processes can
+/// find without being told, instead of a unique one; an old folder of that name is replaced.
+std::string begin_checkpoint(const std::string& output_dir, std::int64_t step, bool shared_name);
+/// The fixed folder name `begin_checkpoint(..., shared_name=true)` makes.
+std::string shared_checkpoint_folder(const std::string& output_dir, std::int64_t step);
+/// Writes everything of `parts` into `folder` except the random state.
+void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts);
+/// Writes this process's random state (CPU and CUDA generators) into `folder`:
+/// `rng_state.pth` for a lone process, else `rng_state_<process_index>.pth`.
+void write_rng_state(const std::string& folder, std::int64_t process_index,
+                     std::int64_t num_processes);
+/// Renames a complete `folder` to `output_dir/checkpoint-<step>`, replacing an older one of
+/// that step only then, and returns the final path.
+std::string publish_checkpoint(const std::string& output_dir, const std::string& folder,
+                               std::int64_t step);
+/// Removes a folder that will not be published; never throws.
+void abandon_checkpoint(const std::string& folder) noexcept;
+/// How many processes wrote the checkpoint in `dir`: the number of `rng_state_<n>.pth` files,
+/// 1 for a single `rng_state.pth`, 0 when it has neither (HF checkpoints without them).
+std::int64_t saved_process_count(const std::string& dir);
 
 /// Removes what a save or rotation killed half-way left in `output_dir` (`tmp-checkpoint-*`,
 /// `deleting-checkpoint-*`), and puts back a checkpoint that was moved aside to be re-saved

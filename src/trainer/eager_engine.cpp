@@ -12,14 +12,16 @@ EagerEngine::EagerEngine(StepParts parts)
       fused_writes_back_(parts_.fused != nullptr && parts_.fused->writes_back_to_model()) {}
 
 bool EagerEngine::train_batch(const Batch& batch, std::int64_t in_group, bool boundary) {
-  forward_backward(batch, in_group);
+  forward_backward(batch, in_group, /*sync_gradients=*/boundary);
   if (!boundary) return false;
   update();
   return true;
 }
 
-void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group) {
+void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients) {
   const auto& plan = parts_.plan;
+  auto* const gradient_sync = parts_.gradient_sync;
+  if (gradient_sync != nullptr) gradient_sync->before_forward(sync_gradients);
   torch::Tensor loss;
   {
     amp::Autocast autocast(parts_.device.type(),
@@ -29,6 +31,7 @@ void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group) {
   }
   // Dividing by 1 changes nothing but costs an op forward and one backward.
   if (in_group > 1) loss = loss / static_cast<double>(in_group);
+  if (gradient_sync != nullptr) gradient_sync->before_backward(loss, sync_gradients);
   parts_.scaler.scale(loss).backward();
   parts_.loss_window.add(loss.detach().to(torch::kFloat), parts_.state.global_step);
 }

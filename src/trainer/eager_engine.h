@@ -28,8 +28,10 @@ class EagerEngine final : public StepEngine {
   torch::Tensor last_grad_norm() const override { return grad_norm_; }
 
   /// Forward and backward of one micro-batch, whose loss counts 1/`in_group`, and its loss
-  /// into the loss window. No sync.
-  void forward_backward(const Batch& batch, std::int64_t in_group);
+  /// into the loss window. In a data-parallel run the backward averages the gradients across
+  /// the processes when `sync_gradients` (the group's last micro-batch); the others accumulate
+  /// locally, as under DDP's `no_sync()`. No sync with the device.
+  void forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients = true);
 
   /// The device half of the update at an accumulation boundary. No sync, so it can be
   /// captured in a CUDA graph, where the host-side `on_pre_optimizer_step` does not belong:

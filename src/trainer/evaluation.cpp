@@ -91,6 +91,15 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
                          parts.plan.autocast && !full_eval);
 
   const auto n = static_cast<std::int64_t>(dataset.size);
+  const auto* const dp = parts.data_parallel;
+  const auto world = dp != nullptr ? dp->world_size() : 1;
+  const auto rank = dp != nullptr ? dp->rank() : 0;
+  // This process's examples: every world-th from its rank on, as DistributedSampler deals them
+  // without shuffling, but without its padding: evaluation needs no collective per batch, so
+  // the shares may differ by one, and no repeated example distorts a batch's mean loss.
+  TORCH_CHECK_VALUE(n >= world, "the dataset to evaluate (", prefix, ") has ", n,
+                    " examples, fewer than the ", world, " processes that share it");
+  const auto local_n = (n - rank + world - 1) / world;
   const auto batch_size = args.per_device_eval_batch_size();
   const auto on_device = torch::TensorOptions().device(device);
   auto loss_sum = torch::zeros({}, on_device.dtype(torch::kDouble));
@@ -101,11 +110,11 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
   bool classification = !parts.compute_loss;
   std::vector<torch::Tensor> predictions;
   std::vector<torch::Tensor> labels_seen;
-  for (std::int64_t begin = 0; begin < n; begin += batch_size) {
+  for (std::int64_t begin = 0; begin < local_n; begin += batch_size) {
+    const auto end = std::min(local_n, begin + batch_size);
     std::vector<std::size_t> indices;
-    for (auto i = begin; i < std::min(n, begin + batch_size); ++i) {
-      indices.push_back(static_cast<std::size_t>(i));
-    }
+    for (auto i = begin; i < end; ++i)
+      indices.push_back(static_cast<std::size_t>(rank + i * world));
     const auto batch = to_device(dataset.get_batch(indices), device, args.dataloader_pin_memory());
     ++steps;
     const auto [loss, outputs] = loss_and_outputs(parts, batch, gather);
@@ -133,16 +142,31 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
   }
   EvaluationResult result;
   auto& metrics = result.metrics;
-  if (loss_examples > 0) metrics[prefix + "_loss"] = loss_sum.item<double>() / loss_examples;
-  if (classification) {
-    metrics[prefix + "_accuracy"] =
-        static_cast<double>(correct.item<std::int64_t>()) / static_cast<double>(n);
+  double loss_total = loss_examples > 0 ? loss_sum.item<double>() : 0.0;
+  double correct_total = static_cast<double>(correct.item<std::int64_t>());
+  if (dp != nullptr) {
+    // Every process must learn the same answers, including whether all could classify.
+    const auto sums =
+        dp->sum({loss_total, loss_examples, correct_total, classification ? 0.0 : 1.0});
+    loss_total = sums[0];
+    loss_examples = sums[1];
+    correct_total = sums[2];
+    classification = sums[3] == 0.0;
   }
+  if (loss_examples > 0) metrics[prefix + "_loss"] = loss_total / loss_examples;
+  if (classification) metrics[prefix + "_accuracy"] = correct_total / static_cast<double>(n);
   if (gather) {
     result.predictions = concat_padded(predictions, -100);
     // Labels count only when every batch had them.
-    if (!labels_seen.empty() && labels_seen.size() == predictions.size()) {
-      result.label_ids = concat_padded(labels_seen, -100);
+    const bool have_labels = !labels_seen.empty() && labels_seen.size() == predictions.size();
+    if (have_labels) result.label_ids = concat_padded(labels_seen, -100);
+    if (dp != nullptr) {
+      result.predictions = dp->gather_rows(result.predictions, n, -100);
+      if (dp->all_ok(have_labels)) {
+        result.label_ids = dp->gather_rows(result.label_ids, n, -100);
+      } else {
+        result.label_ids = torch::Tensor();
+      }
     }
   }
   if (parts.compute_metrics) {

@@ -12,6 +12,8 @@
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer_hooks.h>
 
+#include "trainer/data_parallel.h"
+
 namespace mantissa::detail {
 
 /// What one evaluation runs on. References to the Trainer's objects.
@@ -27,6 +29,8 @@ struct EvaluationParts {
   const MetricsFn& compute_metrics;
   /// Empty to keep the logits as they are.
   const PreprocessLogitsFn& preprocess_logits;
+  /// Several processes: each evaluates its share and the results are gathered; null alone.
+  const DataParallel* data_parallel = nullptr;
 };
 
 /// What `run_evaluation` returns: the metrics, and the predictions and labels when asked for.
@@ -47,6 +51,13 @@ struct EvaluationResult {
 /// `bf16_full_eval` / `fp16_full_eval` cast the model first, as HF. The model's train/eval
 /// mode is restored. Python: `Trainer.evaluation_loop`. Syncs. Throws `c10::ValueError` for an
 /// empty dataset.
+///
+/// With several processes each takes every world_size-th example from its rank on (the shares
+/// of `DistributedSampler` without shuffling, less its padding); the sums behind the loss and
+/// accuracy and the kept rows are gathered back into the dataset's order, so every process
+/// returns the metrics of one process that evaluated the whole set (what accelerate's
+/// `gather_for_metrics` aims at; HF's padded batches also count a repeated example in the last
+/// batch's mean loss, which this does not).
 EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource& dataset,
                                 const std::string& prefix, bool during_train,
                                 bool keep_predictions);

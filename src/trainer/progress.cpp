@@ -33,9 +33,10 @@ bool Progress::wanted(bool disable_tqdm) {
   return !disable_tqdm && !under_ci && ::isatty(STDOUT_FILENO) == 1;
 }
 
-Progress::Progress(std::int64_t total_steps, bool enabled)
+Progress::Progress(std::int64_t total_steps, bool enabled, bool prints)
     : total_(total_steps),
-      enabled_(enabled),
+      enabled_(enabled && prints),
+      prints_(prints),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
@@ -77,6 +78,7 @@ void Progress::draw(std::int64_t step) {
 }
 
 void Progress::print(const std::string& line) {
+  if (!prints_) return;
   if (enabled_ && drawn_) std::fputs("\r\033[K", stdout);
   std::fputs(line.c_str(), stdout);
   std::fputc('\n', stdout);

@@ -17,7 +17,8 @@ std::string format_log(const LogEntry& logs);
 class Progress {
  public:
   /// `enabled`: draw the bar (stdout is a terminal, disable_tqdm off, not under CI).
-  Progress(std::int64_t total_steps, bool enabled);
+  /// `prints` false silences `print` too: the processes of a data-parallel run that do not log.
+  Progress(std::int64_t total_steps, bool enabled, bool prints = true);
   /// Whether the bar should be drawn for these arguments on this terminal.
   static bool wanted(bool disable_tqdm);
 
@@ -33,6 +34,7 @@ class Progress {
   std::int64_t total_;
   std::int64_t first_step_ = -1;
   bool enabled_;
+  bool prints_;
   bool drawn_ = false;
   std::int64_t last_step_ = 0;
   std::chrono::steady_clock::time_point start_;

@@ -21,6 +21,7 @@
 #include <mantissa/precision_plan.h>
 
 #include "trainer/callback_handler.h"
+#include "trainer/gradient_sync.h"
 #include "trainer/loss_window.h"
 #include "trainer/progress.h"
 
@@ -49,6 +50,9 @@ struct StepParts {
   TrainerState& state;
   LossWindow& loss_window;
   Progress& progress;
+  /// Averages the gradients across the processes of a data-parallel run; null for a lone
+  /// process.
+  GradientSync* gradient_sync = nullptr;
 };
 
 /// Runs micro-batches and optimizer updates for the training loop. Python: the body of

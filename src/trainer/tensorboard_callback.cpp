@@ -34,12 +34,6 @@ std::optional<std::string> logging_dir_from_environment() {
   return expand_user(dir);
 }
 
-// torchrun sets RANK on every process; a single process has none.
-bool world_process_zero() {
-  const char* rank = std::getenv("RANK");
-  return rank == nullptr || *rank == '\0' || std::string(rank) == "0";
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, double>> rewrite_logs(const LogEntry& logs) {
@@ -115,7 +109,7 @@ void TensorBoardCallback::report_failure(const std::exception& error) {
 
 void TensorBoardCallback::on_train_begin(const TrainingArguments& args, TrainerState& state,
                                          TrainerControl&) {
-  if (!world_process_zero()) return;
+  if (!state.is_world_process_zero) return;  // only rank 0 writes event files, as HF
   failed_ = false;
   writer_.reset();  // each train() writes its own file, as HF opens a new SummaryWriter
   const double now = wall_time_now();
@@ -131,7 +125,7 @@ void TensorBoardCallback::on_train_begin(const TrainingArguments& args, TrainerS
 
 void TensorBoardCallback::on_log(const TrainingArguments& args, TrainerState& state,
                                  TrainerControl&, const LogEntry& logs) {
-  if (!world_process_zero()) return;
+  if (!state.is_world_process_zero) return;  // only rank 0 writes event files, as HF
   std::vector<std::pair<std::string, float>> scalars;
   for (const auto& [tag, value] : rewrite_logs(logs)) {
     scalars.emplace_back(tag, static_cast<float>(value));

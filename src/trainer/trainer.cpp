@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <mantissa/io/safetensors.h>
+#include <torch/serialize.h>
 
 #include "io/filesystem.h"
 
@@ -49,6 +50,9 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   TORCH_CHECK_VALUE(module_ != nullptr, "Trainer: the model is null");
   args_.validate();
   device_ = args_.device();
+  data_parallel_ = detail::DataParallel::join_if_launched(args_, device_);
+  if (data_parallel_) data_parallel_->check_same_arguments(args_);
+  mark_process(state_);
   plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
   intervals_ = detail::make_interval_policy(args_);
   // report_to's callbacks come before those the user adds, as in HF.
@@ -69,9 +73,15 @@ void Trainer::Impl::update_callback_context() {
 
 void Trainer::Impl::prepare() {
   if (prepared()) return;
-  schedule_ = detail::make_run_schedule(train_.size, args_);
+  schedule_ = detail::make_run_schedule(static_cast<std::size_t>(examples_per_process()), args_);
   if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
+  if (data_parallel_) {
+    // DDP's constructor: the same model everywhere, then rank 0's weights everywhere (before
+    // the fp32 masters copy them).
+    data_parallel_->check_same_parameters(*module_);
+    data_parallel_->broadcast_module_states(*module_, args_.resolved_ddp_broadcast_buffers());
+  }
   if (plan_.weights == WeightsMode::kFp32Masters) {
     masters_ = std::make_unique<amp::MasterWeights>(module_->parameters());
   }
@@ -107,6 +117,9 @@ void Trainer::Impl::prepare() {
           .consecutive_hysteresis(args_.consecutive_hysteresis())
           .min_scale(args_.min_loss_scale())
           .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
+  if (data_parallel_) {
+    gradient_sync_ = std::make_unique<detail::GradientSync>(*data_parallel_, *module_, args_);
+  }
   scheduler_ = std::move(scheduler);  // last: it marks the Trainer prepared
   update_callback_context();
 }
@@ -122,9 +135,109 @@ void Trainer::Impl::check_output_dir(bool resuming) const {
                     "--resume_from_checkpoint latest to continue its run.");
 }
 
+// ---- several processes ------------------------------------------------------------------
+
+bool Trainer::Impl::should_save() const {
+  if (!data_parallel_) return true;
+  const auto& env = data_parallel_->env();
+  return env.is_main_process() || (args_.save_on_each_node() && env.is_local_main_process());
+}
+
+bool Trainer::Impl::should_log() const {
+  if (!data_parallel_) return true;
+  const auto& env = data_parallel_->env();
+  return args_.log_on_each_node() ? env.is_local_main_process() : env.is_main_process();
+}
+
+std::int64_t Trainer::Impl::examples_per_process() const {
+  const auto n = static_cast<std::int64_t>(train_.size);
+  if (!data_parallel_) return n;
+  return static_cast<std::int64_t>(
+      distributed::distributed_sampler_indices(n, world_size(), data_parallel_->rank(), 0, 0,
+                                               /*shuffle=*/false, args_.dataloader_drop_last())
+          .size());
+}
+
+std::vector<double> Trainer::Impl::sum_over_processes(std::vector<double> values) const {
+  return data_parallel_ ? data_parallel_->sum(std::move(values)) : values;
+}
+
+void Trainer::Impl::mark_process(TrainerState& state) const {
+  state.is_world_process_zero = !data_parallel_ || data_parallel_->env().is_main_process();
+  state.is_local_process_zero = !data_parallel_ || data_parallel_->env().is_local_main_process();
+}
+
+void Trainer::Impl::check_output_dir_on_all(bool resuming) const {
+  if (!data_parallel_) return check_output_dir(resuming);
+  std::string refusal;
+  if (should_save()) {
+    try {
+      check_output_dir(resuming);
+    } catch (const c10::Error& error) {
+      refusal = error.what_without_backtrace();
+    }
+  }
+  if (data_parallel_->all_ok(refusal.empty())) return;
+  TORCH_CHECK_VALUE(refusal.empty(), refusal);
+  TORCH_CHECK_VALUE(false, "rank ", data_parallel_->rank(),
+                    ": another process refused the output_dir '", args_.output_dir(),
+                    "' (see rank 0's error)");
+}
+
+void Trainer::Impl::broadcast_scaler_state() {
+  if (!data_parallel_ || !scaler_.is_enabled()) return;
+  const auto mine = torch::pickle_save(c10::IValue(scaler_.state_dict()));
+  const auto rank0 = data_parallel_->broadcast_bytes(std::string(mine.begin(), mine.end()));
+  if (data_parallel_->rank() == 0) return;
+  scaler_.load_state_dict(
+      torch::pickle_load(std::vector<char>(rank0.begin(), rank0.end())).toGenericDict());
+}
+
+void Trainer::Impl::save_checkpoint_with_peers(const detail::CheckpointParts& parts) {
+  auto& dp = *data_parallel_;
+  const auto& dir = args_.output_dir();
+  const auto step = state_.global_step;
+  const bool writer = should_save();
+  const auto folder = detail::shared_checkpoint_folder(dir, step);
+  std::string error;
+  const auto attempt = [&error](const auto& body) {
+    if (!error.empty()) return;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  const auto agreed = [&](const char* stage) {
+    if (dp.all_ok(error.empty())) return;
+    if (writer) detail::abandon_checkpoint(folder);
+    TORCH_CHECK(false, "rank ", dp.rank(), ": saving ", detail::checkpoint_name(step),
+                " failed while ", stage,
+                error.empty() ? std::string(" on another process (see its error)") : ": " + error);
+  };
+  if (writer) {
+    attempt([&] {
+      detail::begin_checkpoint(dir, step, /*shared_name=*/true);
+      detail::write_checkpoint_files(folder, parts);
+    });
+  }
+  agreed("writing the model, optimizer and state");
+  // A process on a node that has no writer and does not share its file system has no folder
+  // to add its random state to.
+  attempt([&] {
+    if (io::is_directory(folder)) detail::write_rng_state(folder, dp.rank(), dp.world_size());
+  });
+  agreed("writing each process's random state");
+  if (writer) attempt([&] { detail::publish_checkpoint(dir, folder, step); });
+  agreed("moving the checkpoint into place");
+}
+
+// ---- run state ----------------------------------------------------------------------------
+
 void Trainer::Impl::start_state() {
   const auto max_steps = schedule_.max_steps;
   state_ = TrainerState{};
+  mark_process(state_);
   state_.max_steps = max_steps;
   state_.logging_steps = TrainingArguments::resolve_steps(args_.logging_steps(), max_steps);
   state_.eval_steps = TrainingArguments::resolve_steps(args_.resolved_eval_steps(), max_steps);
@@ -134,6 +247,17 @@ void Trainer::Impl::start_state() {
 }
 
 void Trainer::Impl::load_for_resume(const std::string& dir) {
+  if (data_parallel_) {
+    // Every process must continue the same checkpoint ("latest" resolves on each).
+    data_parallel_->check_same_text(dir, "the checkpoint to resume from");
+    const auto saved_processes = detail::saved_process_count(dir);
+    if (saved_processes > 0 && saved_processes != world_size() && data_parallel_->rank() == 0) {
+      TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
+                 " process(es) saved, with ", world_size(),
+                 " processes: the examples each step sees (and the random states) now differ "
+                 "from those of an uninterrupted run");
+    }
+  }
   if (const auto saved = detail::load_checkpoint_arguments(dir)) {
     const auto changes = detail::compare_resumed_arguments(args_, *saved);
     TORCH_CHECK_VALUE(changes.errors.empty(), "cannot resume from '", dir,
@@ -151,8 +275,9 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
     detail::resume_position(saved, schedule_.run_shape());
   };
   detail::load_checkpoint(dir, parts);
+  mark_process(state_);
   // What the interrupted run logged past its checkpoint is logged again from here.
-  metrics_log_.drop_after(state_.global_step);
+  if (should_save()) metrics_log_.drop_after(state_.global_step);
   state_.max_steps = fresh.max_steps;
   state_.logging_steps = fresh.logging_steps;
   state_.eval_steps = fresh.eval_steps;
@@ -170,6 +295,10 @@ detail::CheckpointParts Trainer::Impl::checkpoint_parts() {
   parts.scaler = &scaler_;
   parts.state = &state_;
   parts.args = &args_;
+  if (data_parallel_) {
+    parts.process_index = data_parallel_->rank();
+    parts.num_processes = data_parallel_->world_size();
+  }
   return parts;
 }
 
@@ -193,7 +322,8 @@ detail::StepParts Trainer::Impl::step_parts(detail::LossWindow& loss_window) {
                            callbacks_,
                            state_,
                            loss_window,
-                           *progress_};
+                           *progress_,
+                           gradient_sync_.get()};
 }
 
 // ---- logging, evaluation, saving ------------------------------------------------------------
@@ -203,14 +333,21 @@ void Trainer::Impl::log(LogEntry logs) {
   LogEntry with_step = logs;
   with_step["step"] = static_cast<double>(state_.global_step);
   state_.log_history.push_back(with_step);
-  progress_->print(detail::format_log(logs));
-  metrics_log_.append(with_step);
+  if (should_log()) progress_->print(detail::format_log(logs));
+  if (should_save()) metrics_log_.append(with_step);
   callbacks_.fire(&TrainerCallback::on_log, logs);
 }
 
 detail::EvaluationParts Trainer::Impl::evaluation_parts() {
-  return {args_,    plan_,         device_,          *module_,
-          forward_, compute_loss_, compute_metrics_, preprocess_logits_};
+  return {args_,
+          plan_,
+          device_,
+          *module_,
+          forward_,
+          compute_loss_,
+          compute_metrics_,
+          preprocess_logits_,
+          data_parallel_.get()};
 }
 
 LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& prefix,
@@ -279,13 +416,17 @@ void Trainer::Impl::save_checkpoint() {
         io::join_path(args_.output_dir(), detail::checkpoint_name(state_.global_step));
   }
   try {
-    detail::save_checkpoint(args_.output_dir(), checkpoint_parts());
+    if (data_parallel_) {
+      save_checkpoint_with_peers(checkpoint_parts());
+    } else {
+      detail::save_checkpoint(args_.output_dir(), checkpoint_parts());
+    }
   } catch (...) {
     state_.best_model_checkpoint = previous_best;
     throw;
   }
   best_unsaved_ = false;
-  if (args_.save_total_limit()) {
+  if (args_.save_total_limit() && should_save()) {
     detail::rotate_checkpoints(args_.output_dir(), *args_.save_total_limit(),
                                state_.best_model_checkpoint);
   }
@@ -377,6 +518,7 @@ PredictionOutput Trainer::predict(BatchSource dataset, const std::string& metric
 }
 
 void Trainer::save_model(const std::string& dir) const {
+  if (!impl_->should_save()) return;  // HF: only the processes that save write the model
   io::create_directories(dir);
   io::save_module_safetensors(io::join_path(dir, "model.safetensors"), *impl_->module_);
   impl_->args_.save_json(io::join_path(dir, "training_args.json"));

@@ -13,7 +13,9 @@
 
 #include "trainer/callback_handler.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data_parallel.h"
 #include "trainer/evaluation.h"
+#include "trainer/gradient_sync.h"
 #include "trainer/interval_policy.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer_factory.h"
@@ -58,6 +60,32 @@ class Trainer::Impl {
   /// What a step engine works on during a `train()` that reports through `progress_`.
   detail::StepParts step_parts(detail::LossWindow& loss_window);
 
+  // ---- several processes (trainer.cpp) -----------------------------------------------------
+
+  /// Whether this process writes checkpoints, trainer_log.jsonl and saved models: rank 0, and
+  /// with `save_on_each_node` the first process of every node. Python: `args.should_save`.
+  bool should_save() const;
+  /// Whether this process prints log lines and the progress bar: the first process of every
+  /// node with `log_on_each_node`, else rank 0 alone. Python: `args.should_log`.
+  bool should_log() const;
+  /// Processes in the run (1 alone).
+  std::int64_t world_size() const { return data_parallel_ ? data_parallel_->world_size() : 1; }
+  /// Training examples this process visits per epoch: its `DistributedSampler` share.
+  std::int64_t examples_per_process() const;
+  /// The sum of `values` over the processes (the values themselves for a lone process).
+  std::vector<double> sum_over_processes(std::vector<double> values) const;
+  /// Sets `state`'s process flags (`is_world_process_zero`, `is_local_process_zero`).
+  void mark_process(TrainerState& state) const;
+  /// `check_output_dir` by the processes that write, agreed by all: every process stops when
+  /// one refuses.
+  void check_output_dir_on_all(bool resuming) const;
+  /// Copies rank 0's loss-scaler state to every process (loss scaling only), so that every
+  /// rank skips the same steps.
+  void broadcast_scaler_state();
+  /// A checkpoint written together: the writers write it, every process adds its random
+  /// state, and all leave only once it is published (or abandoned everywhere).
+  void save_checkpoint_with_peers(const detail::CheckpointParts& parts);
+
   // ---- logging, evaluation, saving (trainer.cpp) ------------------------------------------
 
   /// Records `logs` (with the epoch, and the step in the history and trainer_log.jsonl),
@@ -98,6 +126,9 @@ class Trainer::Impl {
   void maybe_log_save_evaluate(Run& run, bool epoch_end);
   /// The training log line of the window that ends now. Syncs.
   void log_training_progress(Run& run);
+  /// Several processes: adds every process's tokens since the last call to the state's count
+  /// and the log window's. A collective.
+  void share_token_counts(Run& run);
 
   // ---- what the Trainer was given ----------------------------------------------------------
 
@@ -115,6 +146,9 @@ class Trainer::Impl {
   OptimizerFactory optimizer_factory_;         ///< set_optimizer_factory; empty: args.optim
   SchedulerFactory scheduler_factory_;         ///< set_lr_scheduler_factory; empty: args'
 
+  /// The process group of a run started as several processes; null for a lone process.
+  std::shared_ptr<detail::DataParallel> data_parallel_;
+
   // ---- where training stands ---------------------------------------------------------------
 
   TrainerState state_;      ///< reset by each train(), restored when resuming
@@ -131,6 +165,7 @@ class Trainer::Impl {
   detail::RunSchedule schedule_;                 ///< batches, updates, epochs of this dataset
   std::unique_ptr<amp::MasterWeights> masters_;  ///< null without fp32 masters
   detail::TrainerOptimizer optimizer_;           ///< the optimizer, its FusedAdamW view, params
+  std::unique_ptr<detail::GradientSync> gradient_sync_;  ///< with data_parallel_ only
   std::unique_ptr<LrScheduler> scheduler_;       ///< set last: non-null means prepared
   /// Disabled until prepare() configures it from the plan (loss scaling for fp16).
   amp::GradScaler scaler_{amp::GradScalerOptions().enabled(false)};

@@ -10,6 +10,7 @@
 #include <torch/utils.h>
 
 #include <mantissa/amp/tf32_guard.h>
+#include <mantissa/distributed.h>
 
 #include "trainer/batch_roles.h"
 #include "trainer/checkpoint.h"
@@ -53,9 +54,12 @@ struct Trainer::Impl::Run {
 
   detail::LossWindow loss_window;
   detail::StepEngine* engine = nullptr;
-  std::int64_t samples_seen = 0;  // examples trained on by this call
+  std::int64_t samples_seen = 0;  // examples trained on by this call, on every process
   std::int64_t samples_since_log = 0;
   std::int64_t tokens_since_log = 0;
+  // Tokens this process saw that the other processes have not been told of yet (several
+  // processes only: they are summed when a log line or a checkpoint needs the total).
+  std::int64_t tokens_unshared = 0;
   Clock::time_point log_window_start;
 };
 
@@ -65,7 +69,7 @@ std::uint64_t Trainer::Impl::data_seed() const {
 
 TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   if (!resume && args_.resume_from_checkpoint()) resume = *args_.resume_from_checkpoint();
-  check_output_dir(resume.has_value());
+  check_output_dir_on_all(resume.has_value());
   prepare();
   std::optional<amp::Tf32Guard> tf32;
   if (plan_.tf32) tf32.emplace(*plan_.tf32);
@@ -73,15 +77,21 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   torch::manual_seed(static_cast<std::uint64_t>(args_.seed()));
   start_state();
   if (resume) load_for_resume(detail::resolve_checkpoint(*resume, args_.output_dir()));
+  broadcast_scaler_state();
   const auto max_steps = schedule_.max_steps;
-  detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()));
+  detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()),
+                            /*prints=*/should_log());
   const ScopedValue<detail::Progress*> use_progress(progress_, &progress);
-  progress.print(
-      fmt::format("mantissa: {} on {}; {} examples, {} epochs, {} optimizer steps of batch {} x {} "
-                  "accumulation{}",
-                  plan_.describe(), device_.str(), train_.size, schedule_.num_epochs, max_steps,
-                  args_.per_device_train_batch_size(), args_.gradient_accumulation_steps(),
-                  resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
+  const auto processes = data_parallel_
+                             ? fmt::format(" x {} processes ({}, rank {})", world_size(),
+                                           data_parallel_->backend(), data_parallel_->rank())
+                             : std::string();
+  progress.print(fmt::format(
+      "mantissa: {} on {}; {} examples, {} epochs, {} optimizer steps of batch {}{} x {} "
+      "accumulation{}",
+      plan_.describe(), device_.str(), train_.size, schedule_.num_epochs, max_steps,
+      args_.per_device_train_batch_size(), processes, args_.gradient_accumulation_steps(),
+      resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
 
   Run run(device_, args_.logging_nan_inf_filter());
   detail::EagerEngine eager(step_parts(run.loss_window));
@@ -115,9 +125,11 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   }
   progress.close();
   run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
+  share_token_counts(run);
 
   const double runtime = seconds_since(start);
-  const double total_loss = run.loss_window.run_total();
+  const double total_loss =
+      sum_over_processes({run.loss_window.run_total()}).front() / static_cast<double>(world_size());
   const auto steps_done = state_.global_step - start_step;
   const double train_loss = steps_done > 0 ? total_loss / static_cast<double>(steps_done) : 0.0;
   LogEntry metrics{
@@ -128,7 +140,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
       {"train_loss", train_loss}};
   log(metrics);
   if (args_.load_best_model_at_end() && state_.best_model_checkpoint) load_best_model();
-  if (state_.best_model_checkpoint && args_.save_total_limit() == 1) {
+  if (state_.best_model_checkpoint && args_.save_total_limit() == 1 && should_save()) {
     // HF: with a limit of one, the run ends with the best checkpoint alone.
     detail::rotate_checkpoints(args_.output_dir(), 1, state_.best_model_checkpoint,
                                /*keep_latest=*/false);
@@ -140,8 +152,19 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
 void Trainer::Impl::train_epoch(Run& run, std::int64_t epoch, std::int64_t skip) {
   // The data order of an epoch depends only on (data_seed, epoch), so a resumed run sees
   // exactly the batches the uninterrupted run would have seen.
-  auto generator = at::detail::createCPUGenerator(data_seed() + static_cast<std::uint64_t>(epoch));
-  const auto order = torch::randperm(schedule_.num_examples, generator, torch::kLong);
+  // Several processes: this rank's share, as torch.utils.data.DistributedSampler deals it.
+  const auto order =
+      data_parallel_
+          ? torch::tensor(
+                distributed::distributed_sampler_indices(
+                    static_cast<std::int64_t>(train_.size), world_size(), data_parallel_->rank(),
+                    data_seed(), static_cast<std::uint64_t>(epoch), /*shuffle=*/true,
+                    args_.dataloader_drop_last()),
+                torch::kLong)
+          : torch::randperm(
+                schedule_.num_examples,
+                at::detail::createCPUGenerator(data_seed() + static_cast<std::uint64_t>(epoch)),
+                torch::kLong);
   const auto* order_ptr = order.data_ptr<std::int64_t>();
   state_.steps_in_epoch = skip;
   control_.should_epoch_stop = false;
@@ -154,16 +177,26 @@ void Trainer::Impl::train_epoch(Run& run, std::int64_t epoch, std::int64_t skip)
     const auto group = schedule_.group_of(b);
     if (b == group.group_start) callbacks_.fire(&TrainerCallback::on_step_begin);
     const auto batch = detail::to_device(batches.get(b), device_, args_.dataloader_pin_memory());
-    const auto batch_examples = batch.num_examples();
+    // Every process's batch has this many examples (the sampler pads the shares evenly).
+    const auto batch_examples = batch.num_examples() * world_size();
     run.samples_since_log += batch_examples;
     run.samples_seen += batch_examples;
     if (const auto tokens = detail::token_ids_of(batch); tokens.defined()) {
-      run.tokens_since_log += tokens.numel();
-      state_.num_input_tokens_seen += tokens.numel();
+      if (data_parallel_) {
+        run.tokens_unshared += tokens.numel();
+      } else {
+        run.tokens_since_log += tokens.numel();
+        state_.num_input_tokens_seen += tokens.numel();
+      }
     }
 
     ++state_.steps_in_epoch;
-    if (!run.engine->train_batch(batch, group.in_group, group.boundary)) continue;
+    const bool updated =
+        data_parallel_ ? data_parallel_->guarded_step([&] {
+          return run.engine->train_batch(batch, group.in_group, group.boundary);
+        })
+                       : run.engine->train_batch(batch, group.in_group, group.boundary);
+    if (!updated) continue;
     ++state_.global_step;
     state_.epoch = schedule_.fractional_epoch(epoch, b);
     callbacks_.fire(&TrainerCallback::on_step_end);
@@ -191,12 +224,27 @@ void Trainer::Impl::maybe_log_save_evaluate(Run& run, bool epoch_end) {
     if (detail::save_after_evaluation(intervals_, best_unsaved_)) control_.should_save = true;
   }
   control_.should_evaluate = false;
-  if (control_.should_save) save_checkpoint();
+  if (control_.should_save) {
+    share_token_counts(run);  // the saved state counts every process's tokens
+    save_checkpoint();
+  }
   control_.should_save = false;
 }
 
+void Trainer::Impl::share_token_counts(Run& run) {
+  if (!data_parallel_) return;
+  const auto total = static_cast<std::int64_t>(
+      data_parallel_->sum({static_cast<double>(run.tokens_unshared)}).front());
+  run.tokens_unshared = 0;
+  run.tokens_since_log += total;
+  state_.num_input_tokens_seen += total;
+}
+
 void Trainer::Impl::log_training_progress(Run& run) {
-  const double loss = run.loss_window.close(state_.global_step);
+  // HF logs the mean over the processes of each one's mean loss.
+  const double loss = sum_over_processes({run.loss_window.close(state_.global_step)}).front() /
+                      static_cast<double>(world_size());
+  share_token_counts(run);
   const double elapsed = seconds_since(run.log_window_start);
   LogEntry logs{{"loss", loss}, {"learning_rate", scheduler_->get_last_lr().at(0)}};
   if (const auto grad_norm = run.engine->last_grad_norm(); grad_norm.defined()) {

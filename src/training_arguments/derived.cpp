@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#include <mantissa/distributed.h>
 #include <mantissa/training_arguments.h>
 
 #include "checked_math.h"
@@ -20,7 +21,30 @@ c10::ScalarType TrainingArguments::compute_dtype() const {
 
 c10::Device TrainingArguments::device() const {
   if (use_cpu_ || !torch::cuda::is_available()) return c10::Device(c10::kCPU);
-  return c10::Device(c10::kCUDA, 0);
+  const auto local_rank = distributed::DistributedEnvironment::from_env().local_rank;
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  TORCH_CHECK_VALUE(local_rank < count, "LOCAL_RANK=", local_rank, " asks for cuda:", local_rank,
+                    " but this machine has ", count,
+                    " CUDA device(s); start at most that many processes per node "
+                    "(torchrun --nproc_per_node)");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+std::string TrainingArguments::resolved_ddp_backend(const c10::Device& device) const {
+  if (ddp_backend_) return *ddp_backend_;
+  return device.is_cuda() ? "nccl" : "gloo";
+}
+
+bool TrainingArguments::resolved_ddp_find_unused_parameters() const {
+  return ddp_find_unused_parameters_.value_or(true);
+}
+
+int64_t TrainingArguments::resolved_ddp_bucket_cap_mb() const {
+  return ddp_bucket_cap_mb_.value_or(25);
+}
+
+bool TrainingArguments::resolved_ddp_broadcast_buffers() const {
+  return ddp_broadcast_buffers_.value_or(true);
 }
 
 double TrainingArguments::init_loss_scale() const {

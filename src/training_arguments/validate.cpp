@@ -282,6 +282,25 @@ void TrainingArguments::validate() const {
                     "eager step), got ",
                     cuda_graph_warmup_steps_);
 
+  // Several processes.
+  if (ddp_backend_) {
+    const auto& backend = *ddp_backend_;
+    const bool known_to_hf = backend == "mpi" || backend == "xccl" || backend == "hccl" ||
+                             backend == "cncl" || backend == "mccl" || backend == "ccl";
+    TORCH_CHECK_VALUE(
+        backend == "gloo" || backend == "nccl", "ddp_backend: ", detail::repr(backend),
+        known_to_hf ? " is a backend mantissa does not build; " : " is not a collective backend; ",
+        "choose gloo (CPU) or nccl (CUDA), or leave it unset");
+  }
+  // In milliseconds the timeout must still fit in int64 (std::chrono::milliseconds).
+  TORCH_CHECK_VALUE(ddp_timeout_ > 0 && ddp_timeout_ <= std::numeric_limits<int64_t>::max() / 1000,
+                    "ddp_timeout must be a positive number of seconds, got ", ddp_timeout_);
+  TORCH_CHECK_VALUE(
+      !ddp_bucket_cap_mb_ || (*ddp_bucket_cap_mb_ > 0 && *ddp_bucket_cap_mb_ <= (int64_t{1} << 43)),
+      "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, "
+      "got ",
+      detail::repr(ddp_bucket_cap_mb_));
+
   // Hardware: only asked when a precision mode needs it, so plain fp32 runs never touch CUDA.
   if (bf16_ || fp16_ || bf16_full_eval_ || fp16_full_eval_ || tf32_.value_or(false)) {
     detail::check_precision_support(*this, detail::query_device_info());

@@ -1,0 +1,79 @@
+#include "trainer/gradient_sync.h"
+
+#include <limits>
+
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+namespace mantissa::detail {
+namespace {
+
+constexpr std::int64_t kMiB = 1024 * 1024;
+
+}  // namespace
+
+GradientSync::GradientSync(const DataParallel& group, torch::nn::Module& module,
+                           const TrainingArguments& args)
+    : group_(group),
+      module_(module),
+      find_unused_parameters_(args.resolved_ddp_find_unused_parameters()),
+      broadcast_buffers_(args.resolved_ddp_broadcast_buffers()) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : module.parameters()) {
+    if (p.requires_grad()) {
+      params.push_back(p);
+      bytes_per_sync_ += p.numel() * static_cast<std::int64_t>(p.element_size());
+    }
+  }
+  TORCH_CHECK_VALUE(!params.empty(),
+                    "the model has no parameter that requires a gradient, so "
+                    "there is nothing to average across the processes");
+  for (const auto& b : module.buffers()) buffers_.push_back(b.detach());
+
+  // DDP's sizes: unset bucket_cap_mb gives 25 MiB buckets after a first one of 1 MiB; a set one
+  // caps every bucket. Without find_unused_parameters the first iteration runs with a single
+  // bucket, and the buckets are then rebuilt in the order the gradients arrived.
+  const bool default_cap = !args.ddp_bucket_cap_mb().has_value();
+  const std::int64_t cap = args.resolved_ddp_bucket_cap_mb() * kMiB;
+  const std::int64_t first_cap = default_cap ? c10d::kDefaultFirstBucketBytes : cap;
+  std::vector<std::size_t> limits;
+  if (!find_unused_parameters_) {
+    limits = {std::numeric_limits<std::size_t>::max()};
+  } else if (default_cap) {
+    limits = {static_cast<std::size_t>(first_cap), static_cast<std::size_t>(cap)};
+  } else {
+    limits = {static_cast<std::size_t>(cap)};
+  }
+  const std::vector<bool> sparse(params.size(), false);
+  auto buckets = std::get<0>(c10d::compute_bucket_assignment_by_size(params, limits, sparse));
+  std::reverse(buckets.begin(), buckets.end());
+  reducer_ = std::make_shared<c10d::Reducer>(
+      params, std::move(buckets), group.group(), sparse, cap, find_unused_parameters_,
+      /*gradient_as_bucket_view=*/false, std::unordered_map<std::size_t, std::string>{}, first_cap,
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+      /*bucket_bytes_cap_list=*/std::vector<std::int64_t>{});
+}
+
+GradientSync::~GradientSync() = default;
+
+void GradientSync::before_forward(bool sync) {
+  if (sync) reducer_->prepare_for_forward();
+  // Every rank reaches its first synced forward together, so the rebuild's broadcast matches.
+  if (sync) {
+    group_.guarded("rebuilding the gradient buckets", [&] { reducer_->rebuild_buckets(); });
+  }
+  if (broadcast_buffers_ && last_forward_synced_ && !buffers_.empty()) {
+    group_.broadcast_tensors(buffers_);
+  }
+}
+
+void GradientSync::before_backward(const torch::Tensor& loss, bool sync) {
+  last_forward_synced_ = sync;
+  if (!sync) return;
+  if (find_unused_parameters_) {
+    reducer_->prepare_for_backward({loss});
+  } else {
+    reducer_->prepare_for_backward({});
+  }
+}
+
+}  // namespace mantissa::detail
