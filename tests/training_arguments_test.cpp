@@ -199,7 +199,8 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.ddp_broadcast_buffers().has_value());
   EXPECT_FALSE(a.save_on_each_node());
   EXPECT_TRUE(a.log_on_each_node());
-  EXPECT_EQ(field_names().size(), 65u) << "a field was added or removed: update this test, "
+  EXPECT_EQ(a.ddp_comm_hook(), "none");
+  EXPECT_EQ(field_names().size(), 66u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -339,7 +340,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--greater_is_better", "false", "--eval_strategy", "steps", "--save_steps", "10",
       "--eval_steps", "5", "--ddp_backend", "gloo", "--ddp_timeout", "60",
       "--ddp_find_unused_parameters", "false", "--ddp_bucket_cap_mb", "50",
-      "--ddp_broadcast_buffers", "false", "--save_on_each_node", "--log_on_each_node", "false"};
+      "--ddp_broadcast_buffers", "false", "--ddp_comm_hook", "bf16_compress", "--save_on_each_node", "--log_on_each_node", "false"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -417,6 +418,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.ddp_find_unused_parameters(), std::optional<bool>(false));
   EXPECT_EQ(b.ddp_bucket_cap_mb(), std::optional<int64_t>(50));
   EXPECT_EQ(b.ddp_broadcast_buffers(), std::optional<bool>(false));
+  EXPECT_EQ(b.ddp_comm_hook(), "bf16_compress");
   EXPECT_TRUE(b.save_on_each_node());
   EXPECT_FALSE(b.log_on_each_node());
 }
@@ -432,6 +434,8 @@ TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
             "ddp_timeout must be a positive number of seconds, got 0");
   EXPECT_EQ(validate_error(TrainingArguments().ddp_bucket_cap_mb(0)),
             "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, got 0");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_comm_hook("powersgd")),
+            "ddp_comm_hook: 'powersgd' is not one of none, fp16_compress, bf16_compress");
   EXPECT_EQ(validate_error(TrainingArguments().ddp_backend("nccl").ddp_bucket_cap_mb(1)),
             "<no exception>");
 

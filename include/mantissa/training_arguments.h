@@ -186,6 +186,9 @@
   X(std::optional<bool>, ddp_broadcast_buffers, std::nullopt,                                      \
     "Copy rank 0's module buffers (batch-norm statistics) to every process before each forward. "  \
     "Unset: true, as DistributedDataParallel.")                                                    \
+  X(std::string, ddp_comm_hook, "none",                                                            \
+    "How gradients travel between the processes: none (in their own dtype), fp16_compress or "     \
+    "bf16_compress (cast to fp16 / bf16 for the allreduce, half the bytes, and back).")           \
   X(bool, save_on_each_node, false,                                                                \
     "Write checkpoints and the final model on the first process of every node, not only on "       \
     "rank 0 (for nodes that share no file system).")                                               \

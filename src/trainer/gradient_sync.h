@@ -25,7 +25,8 @@ class GradientSync {
  public:
   /// Builds the buckets over `module`'s parameters that require a gradient, in reverse order
   /// (gradients arrive roughly last layer first), capped at `ddp_bucket_cap_mb`, the first at
-  /// 1 MiB, as DDP does. `module`'s parameters must already be rank 0's
+  /// 1 MiB, as DDP does; with `ddp_comm_hook` the buckets travel as fp16 (c10d's
+  /// FP16CompressCommHook) or bf16. `module`'s parameters must already be rank 0's
   /// (`DataParallel::broadcast_module_states`).
   GradientSync(const DataParallel& group, torch::nn::Module& module, const TrainingArguments& args);
   ~GradientSync();
@@ -44,9 +45,6 @@ class GradientSync {
   /// parameters that will get no gradient. No communication.
   void before_backward(const torch::Tensor& loss, bool sync);
 
-  /// Bytes of gradient averaged per optimizer step (the sum of the buckets' sizes).
-  std::int64_t bytes_per_sync() const noexcept { return bytes_per_sync_; }
-
  private:
   const DataParallel& group_;
   torch::nn::Module& module_;
@@ -57,7 +55,6 @@ class GradientSync {
   /// Whether the last forward was followed by a synced backward (DDP's
   /// `require_forward_param_sync`): buffers are broadcast only then.
   bool last_forward_synced_ = true;
-  std::int64_t bytes_per_sync_ = 0;
 };
 
 }  // namespace mantissa::detail

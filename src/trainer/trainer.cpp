@@ -247,14 +247,14 @@ void Trainer::Impl::start_state() {
 }
 
 void Trainer::Impl::load_for_resume(const std::string& dir) {
-  if (data_parallel_) {
-    // Every process must continue the same checkpoint ("latest" resolves on each).
-    data_parallel_->check_same_text(dir, "the checkpoint to resume from");
+  // Every process must continue the same checkpoint ("latest" resolves on each).
+  if (data_parallel_) data_parallel_->check_same_text(dir, "the checkpoint to resume from");
+  if (io::is_directory(dir)) {
     const auto saved_processes = detail::saved_process_count(dir);
-    if (saved_processes > 0 && saved_processes != world_size() && data_parallel_->rank() == 0) {
+    if (saved_processes > 0 && saved_processes != world_size() && state_.is_world_process_zero) {
       TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
                  " process(es) saved, with ", world_size(),
-                 " processes: the examples each step sees (and the random states) now differ "
+                 " process(es): the examples each step sees (and the random states) now differ "
                  "from those of an uninterrupted run");
     }
   }

@@ -292,6 +292,10 @@ void TrainingArguments::validate() const {
         known_to_hf ? " is a backend mantissa does not build; " : " is not a collective backend; ",
         "choose gloo (CPU) or nccl (CUDA), or leave it unset");
   }
+  TORCH_CHECK_VALUE(ddp_comm_hook_ == "none" || ddp_comm_hook_ == "fp16_compress" ||
+                        ddp_comm_hook_ == "bf16_compress",
+                    "ddp_comm_hook: ", detail::repr(ddp_comm_hook_),
+                    " is not one of none, fp16_compress, bf16_compress");
   // In milliseconds the timeout must still fit in int64 (std::chrono::milliseconds).
   TORCH_CHECK_VALUE(ddp_timeout_ > 0 && ddp_timeout_ <= std::numeric_limits<int64_t>::max() / 1000,
                     "ddp_timeout must be a positive number of seconds, got ", ddp_timeout_);
