@@ -7,6 +7,13 @@
 // bench/anchors runs this program and the Python anchors (bench/python/) in separate
 // processes, interleaved, and compares them; see BENCHMARKS.md.
 //
+// Under a launcher (torchrun --no-python, WORLD_SIZE > 1) the Trainer trains data parallel by
+// itself, each rank on its shard of the epoch; bench/ddp_scaling runs it that way beside
+// bench/python/torch_ddp.py. Only rank 0 prints the JSON line, with the world size; its speeds
+// are those of rank 0 (samples_per_second counts this rank's samples). --ddp_bucket_cap_mb sets
+// the Trainer's gradient bucket size. The hand-written loop has no gradient sync, so it only
+// runs alone.
+//
 // What both implementations do, step for step (the Trainer's defaults, with the optimizer and
 // precision given on the command line):
 //   - batches of --batch_size in the Trainer's order for epoch 0 (randperm of the 60000 train
@@ -26,6 +33,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +46,7 @@
 #include <mantissa/amp/autocast.h>
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/clip_grad.h>
+#include <mantissa/distributed.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/trainer.h>
@@ -67,6 +76,7 @@ struct Config {
   std::int64_t seed = 42;
   std::string data_dir = mantissa::examples::kFashionMnistDir;
   bool count_ops = false;
+  std::optional<std::int64_t> ddp_bucket_cap_mb;  // unset: the Trainer's default
 
   std::int64_t total_steps() const { return warmup + steps; }
   bool bf16() const { return precision != "fp32"; }
@@ -185,7 +195,8 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
                   .logging_strategy("no")
                   .save_strategy("no")
                   .disable_tqdm(true)
-                  .seed(c.seed);
+                  .seed(c.seed)
+                  .ddp_bucket_cap_mb(c.ddp_bucket_cap_mb);
   StepClock clock{c.warmup, c.total_steps(), {}, {}};
   mantissa::Trainer trainer(model, args, std::move(data));
   trainer.add_callback(std::make_shared<StepClockCallback>(clock));
@@ -277,24 +288,35 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", c.lr);
   app.add_option("--seed", c.seed);
   app.add_option("--data_dir", c.data_dir);
+  app.add_option("--ddp_bucket_cap_mb", c.ddp_bucket_cap_mb,
+                 "gradient bucket size in MiB under several processes (default: the Trainer's)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--count_ops", c.count_ops,
                "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by "
                "name on stderr); "
                "slows the run down, so its times are not comparable");
   CLI11_PARSE(app, argc, argv);
 
+  const auto env = mantissa::distributed::DistributedEnvironment::from_env();
+  TORCH_CHECK_VALUE(c.impl == "trainer" || !env.is_distributed(),
+                    "--impl hand has no gradient sync; run it as one process, not under a "
+                    "launcher with WORLD_SIZE ",
+                    env.world_size);
   const int default_threads = at::get_num_threads();
   at::set_num_threads(c.threads);
   FashionMnist data(c.data_dir, FashionMnist::Split::kTrain);
-  TORCH_CHECK_VALUE(c.total_steps() * c.batch_size <= data.images().size(0),
-                    "warmup + steps must fit in one epoch (", data.images().size(0) / c.batch_size,
-                    " batches of ", c.batch_size, ")");
+  // Each rank's epoch is its shard: the train set split over the ranks.
+  const auto shard_size = data.images().size(0) / env.world_size;
+  TORCH_CHECK_VALUE(c.total_steps() * c.batch_size <= shard_size,
+                    "warmup + steps must fit in one epoch (", shard_size / c.batch_size,
+                    " batches of ", c.batch_size, " per rank)");
 
   if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
   const auto m = c.model == "mlp"
                      ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
                      : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
+  if (!env.is_main_process()) return 0;
   std::string ops_json;
   if (c.count_ops) {
     const auto& counter = OpCounter::instance();
@@ -311,13 +333,13 @@ int main(int argc, char** argv) try {
       "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
       "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,"
       "\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
-      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\"%s}\n",
+      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\",\"world_size\":%lld%s}\n",
       c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(),
       static_cast<long long>(c.batch_size), static_cast<long long>(c.warmup),
       static_cast<long long>(c.steps), at::get_num_threads(), default_threads, m.seconds,
       m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
       static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib,
-      status_mib("VmHWM"), TORCH_VERSION, ops_json.c_str());
+      status_mib("VmHWM"), TORCH_VERSION, static_cast<long long>(env.world_size), ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());
