@@ -147,8 +147,8 @@ class StepClock:
         return statistics.median(self.step_seconds)
 
 
-def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads):
-    """trainer_bench's JSON line, with the same keys."""
+def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads, **extra):
+    """trainer_bench's JSON line, with the same keys, then the `extra` ones."""
     print(json.dumps({
         "bench": "trainer_anchor", "impl": impl, "model": args.model, "precision": args.precision,
         "optim": args.optim, "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
@@ -158,5 +158,5 @@ def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads):
         "steps_per_second": round(args.steps / clock.seconds(), 3),
         "samples_per_second": round(args.steps * args.batch_size / clock.seconds(), 1),
         "mean_loss": round(mean_loss, 5), "setup_rss_mib": round(setup_rss_mib, 1),
-        "peak_rss_mib": round(status_mib("VmHWM"), 1), "torch": torch.__version__,
+        "peak_rss_mib": round(status_mib("VmHWM"), 1), "torch": torch.__version__, **extra,
     }), flush=True)
