@@ -341,11 +341,14 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   });
   const auto rng_name = rng_state_name(parts.process_index, parts.num_processes);
   const auto rng_file = io::join_path(dir, rng_name);
-  if (parts.num_processes > 1 && !io::path_exists(rng_file)) {
-    // HF goes on without it too: the run continues, but not bit for bit.
-    TORCH_WARN("the checkpoint '", dir, "' has no ", rng_name, " for process ", parts.process_index,
-               ": it was saved by a run with fewer processes, so this process's random state "
-               "(dropout, ...) starts afresh instead of where it stood");
+  const auto saved_processes = saved_process_count(dir);
+  if (!io::path_exists(rng_file) && saved_processes > 0 && saved_processes != parts.num_processes) {
+    // A run of another size saved it. HF goes on without the file too: the run continues,
+    // but not bit for bit. (Missing from a checkpoint of this run's size, it is an error.)
+    TORCH_WARN("the checkpoint '", dir, "' has no ", rng_name, ": ", saved_processes,
+               " process(es) saved it, and this run has ", parts.num_processes,
+               ", so the random state of process ", parts.process_index,
+               " (dropout, ...) starts afresh instead of where it stood");
     return;
   }
   loading(rng_file, [&] { restore_rng_states(torch::pickle_load(io::read_file(rng_file))); });

@@ -25,7 +25,7 @@ class Bf16CompressHook final
         buffer.to(at::kBFloat16).div_(static_cast<double>(state_->getSize()))};
     auto reduced = state_->allreduce(compressed)->getFuture();
     return reduced->then(
-        [buffer](c10::ivalue::Future& done) mutable {
+        [buffer](c10::ivalue::Future& done) {
           buffer.copy_(done.value().toTensorVector().at(0));
           return c10::IValue(buffer);
         },

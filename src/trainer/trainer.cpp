@@ -249,9 +249,13 @@ void Trainer::Impl::start_state() {
 void Trainer::Impl::load_for_resume(const std::string& dir) {
   // Every process must continue the same checkpoint ("latest" resolves on each).
   if (data_parallel_) data_parallel_->check_same_text(dir, "the checkpoint to resume from");
-  if (io::is_directory(dir)) {
+  // A run of another size: its position within an epoch means other batches here, so the
+  // run continues at its global_step placed as HF places it (whole epochs of this run's size).
+  const bool other_world_size = io::is_directory(dir) && detail::saved_process_count(dir) > 0 &&
+                                detail::saved_process_count(dir) != world_size();
+  if (other_world_size) {
     const auto saved_processes = detail::saved_process_count(dir);
-    if (saved_processes > 0 && saved_processes != world_size() && state_.is_world_process_zero) {
+    if (state_.is_world_process_zero) {
       TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
                  " process(es) saved, with ", world_size(),
                  " process(es): the examples each step sees (and the random states) now differ "
@@ -271,10 +275,12 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
   }
   const TrainerState fresh = state_;
   auto parts = checkpoint_parts();
-  parts.check_state = [this](const TrainerState& saved) {
+  parts.check_state = [this, other_world_size](TrainerState saved) {
+    if (other_world_size) saved.steps_in_epoch = 0;
     detail::resume_position(saved, schedule_.run_shape());
   };
   detail::load_checkpoint(dir, parts);
+  if (other_world_size) state_.steps_in_epoch = 0;
   mark_process(state_);
   // What the interrupted run logged past its checkpoint is logged again from here.
   if (should_save()) metrics_log_.drop_after(state_.global_step);

@@ -166,7 +166,7 @@ class Trainer::Impl {
   std::unique_ptr<amp::MasterWeights> masters_;  ///< null without fp32 masters
   detail::TrainerOptimizer optimizer_;           ///< the optimizer, its FusedAdamW view, params
   std::unique_ptr<detail::GradientSync> gradient_sync_;  ///< with data_parallel_ only
-  std::unique_ptr<LrScheduler> scheduler_;       ///< set last: non-null means prepared
+  std::unique_ptr<LrScheduler> scheduler_;               ///< set last: non-null means prepared
   /// Disabled until prepare() configures it from the plan (loss scaling for fp16).
   amp::GradScaler scaler_{amp::GradScalerOptions().enabled(false)};
 
