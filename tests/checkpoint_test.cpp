@@ -389,3 +389,40 @@ TEST(CheckpointTest, AResumedRunDropsTheLogLinesPastItsCheckpoint) {
 }
 
 }  // namespace
+
+// ---- the steps of a save shared by several processes --------------------------------------
+
+TEST(CheckpointSharedSaveTest, SavedProcessCountReadsTheRngFiles) {
+  namespace io = mantissa::io;
+  const auto dir = mantissa_test::toy_output_dir();
+  EXPECT_EQ(mantissa::detail::saved_process_count(dir), 0);  // an HF checkpoint without them
+  mantissa::detail::write_rng_state(dir, 0, 1);
+  EXPECT_TRUE(io::path_exists(io::join_path(dir, "rng_state.pth")));
+  EXPECT_EQ(mantissa::detail::saved_process_count(dir), 1);
+  const auto ranked = mantissa_test::toy_output_dir();
+  for (std::int64_t rank = 0; rank < 3; ++rank) mantissa::detail::write_rng_state(ranked, rank, 3);
+  EXPECT_TRUE(io::path_exists(io::join_path(ranked, "rng_state_2.pth")));
+  EXPECT_FALSE(io::path_exists(io::join_path(ranked, "rng_state.pth")));
+  EXPECT_EQ(mantissa::detail::saved_process_count(ranked), 3);
+}
+
+TEST(CheckpointSharedSaveTest, AFolderLeftByADeadSaveIsCleanedAndAPublishedOneStays) {
+  namespace io = mantissa::io;
+  const auto out = mantissa_test::toy_output_dir();
+  const auto folder = mantissa::detail::begin_checkpoint(out, 7, /*shared_name=*/true);
+  EXPECT_EQ(folder, mantissa::detail::shared_checkpoint_folder(out, 7));
+  EXPECT_TRUE(io::is_directory(folder));
+  // A process that died here leaves the folder; the next save's start removes it.
+  mantissa::detail::clean_interrupted_saves(out);
+  EXPECT_FALSE(io::path_exists(folder));
+
+  const auto again = mantissa::detail::begin_checkpoint(out, 7, /*shared_name=*/true);
+  mantissa::detail::write_rng_state(again, 1, 2);
+  const auto final_dir = mantissa::detail::publish_checkpoint(out, again, 7);
+  EXPECT_EQ(final_dir, io::join_path(out, "checkpoint-7"));
+  EXPECT_TRUE(io::path_exists(io::join_path(final_dir, "rng_state_1.pth")));
+  EXPECT_FALSE(io::path_exists(again));
+  mantissa::detail::clean_interrupted_saves(out);
+  EXPECT_TRUE(io::is_directory(final_dir));
+  mantissa::detail::abandon_checkpoint("");  // nothing to remove: no error
+}

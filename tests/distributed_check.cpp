@@ -2,17 +2,20 @@
 // 127.0.0.1. One executable plays both parts:
 //
 //   distributed_check spawn [--world-size N] [--agent-store] [--kill-rank R] [--deadline-s S]
+//                           [--nccl]   (NCCL: N defaults to $MANTISSA_NCCL_RANKS, else 1)
 //     the launcher: finds a free port, starts N copies of itself as "rank" with RANK, WORLD_SIZE,
 //     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them, and
 //     checks how they end. With --agent-store it hosts the TCPStore itself and sets
 //     TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent does. With --kill-rank R, rank R
 //     exits right after joining, and every other rank must then fail (exit non-zero) instead of
 //     hanging. Ranks still running at the deadline are killed and the check fails.
-//   distributed_check rank [--die-after-init] [--timeout-s S]
+//   distributed_check rank [--die-after-init] [--timeout-s S] [--nccl]
 //     one rank: an allreduce (sum), a broadcast from rank 0, an allgather and a barrier, each
-//     result compared with what it must be.
+//     result compared with what it must be. With --nccl over NCCL on cuda:LOCAL_RANK (exit 77,
+//     CTest's skip, without a CUDA device).
 //
 // Exit status: 0 when everything came out as expected.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -33,19 +37,35 @@ namespace {
 namespace dist = mantissa::distributed;
 
 constexpr int kDiedOnPurpose = 3;
+constexpr int kNoCuda = 77;  // CTest's SKIP_RETURN_CODE for the NCCL check
 
-bool same(const at::Tensor& got, const at::Tensor& want, const std::string& what, int64_t rank) {
+bool same(const at::Tensor& got_anywhere, const at::Tensor& want, const std::string& what,
+          int64_t rank) {
+  const auto got = got_anywhere.cpu();
   if (torch::equal(got, want)) return true;
   std::cerr << "rank " << rank << ": " << what << " gave " << got << " instead of " << want
             << std::endl;
   return false;
 }
 
-int run_rank(bool die_after_init, int timeout_s) {
+int run_rank(bool die_after_init, int timeout_s, bool nccl) {
   const auto env = dist::DistributedEnvironment::from_env();
-  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(timeout_s));
+  // NCCL works on the process's CUDA device, which must be selected before joining.
+  const auto device = nccl ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank))
+                           : c10::Device(c10::kCPU);
+  if (nccl) {
+    if (!torch::cuda::is_available()) {
+      std::cout << "rank " << env.rank << ": no CUDA device, the NCCL check cannot run"
+                << std::endl;
+      return kNoCuda;
+    }
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
+  }
+  auto group = dist::init_process_group(env, nccl ? dist::Backend::nccl : dist::Backend::gloo,
+                                        std::chrono::seconds(timeout_s));
   std::cout << "rank " << env.rank << " of " << env.world_size << " joined (agent store "
-            << (env.use_agent_store ? "yes" : "no") << ")" << std::endl;
+            << (env.use_agent_store ? "yes" : "no") << ", " << (nccl ? "nccl" : "gloo") << ")"
+            << std::endl;
   if (die_after_init) {
     std::cout << "rank " << env.rank << " leaves without a word" << std::endl;
     std::_Exit(kDiedOnPurpose);
@@ -54,21 +74,23 @@ int run_rank(bool die_after_init, int timeout_s) {
   bool ok = true;
 
   // allreduce: rank r contributes (r + 1) * [1, 2, 3]; the sum is W (W + 1) / 2 * [1, 2, 3].
-  std::vector<at::Tensor> sum{torch::tensor({1.f, 2.f, 3.f}) * float(env.rank + 1)};
+  std::vector<at::Tensor> sum{(torch::tensor({1.f, 2.f, 3.f}) * float(env.rank + 1)).to(device)};
   group->allreduce(sum)->wait();
   ok &= same(sum[0], torch::tensor({1.f, 2.f, 3.f}) * float(world * (world + 1) / 2), "allreduce",
              env.rank);
 
   // broadcast from rank 0: every rank ends with rank 0's tensor.
-  std::vector<at::Tensor> shared{env.rank == 0 ? torch::arange(5, torch::kLong) * 10
-                                               : torch::full({5}, -1, torch::kLong)};
+  std::vector<at::Tensor> shared{
+      (env.rank == 0 ? torch::arange(5, torch::kLong) * 10 : torch::full({5}, -1, torch::kLong))
+          .to(device)};
   group->broadcast(shared)->wait();
   ok &= same(shared[0], torch::arange(5, torch::kLong) * 10, "broadcast", env.rank);
 
   // allgather: slot r holds rank r's value.
   std::vector<std::vector<at::Tensor>> gathered(1);
-  for (int64_t r = 0; r < world; ++r) gathered[0].push_back(torch::empty({1}, torch::kInt));
-  std::vector<at::Tensor> mine{torch::full({1}, int(env.rank * 7), torch::kInt)};
+  const auto ints = torch::TensorOptions().dtype(torch::kInt).device(device);
+  for (int64_t r = 0; r < world; ++r) gathered[0].push_back(torch::empty({1}, ints));
+  std::vector<at::Tensor> mine{torch::full({1}, int(env.rank * 7), ints)};
   group->allgather(gathered, mine)->wait();
   for (int64_t r = 0; r < world; ++r) {
     ok &= same(gathered[0][r], torch::full({1}, int(r * 7), torch::kInt), "allgather", env.rank);
@@ -80,7 +102,7 @@ int run_rank(bool die_after_init, int timeout_s) {
   return ok ? 0 : 1;
 }
 
-int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
+int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool nccl) {
   namespace mt = mantissa::testing;
   c10::intrusive_ptr<c10d::TCPStore> agent;  // lives until the ranks are done
   uint16_t port = 0;
@@ -109,6 +131,7 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
     std::vector<std::string> args = {"distributed_check", "rank", "--timeout-s",
                                      std::to_string(deadline_s / 2)};
     if (rank == kill_rank) args.push_back("--die-after-init");
+    if (nccl) args.push_back("--nccl");
     try {
       pids.push_back(mt::start_process("/proc/self/exe", args, env));
     } catch (const std::exception& e) {
@@ -119,6 +142,10 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s) {
   }
 
   const auto status = mt::wait_for(pids, deadline_s);
+  if (std::all_of(status.begin(), status.end(), [](int s) { return s == kNoCuda; })) {
+    std::cout << "launcher: SKIPPED (no CUDA device for NCCL)" << std::endl;
+    return kNoCuda;
+  }
   bool ok = true;
   for (int rank = 0; rank < world_size; ++rank) {
     if (status[rank] == -1) {
@@ -156,11 +183,14 @@ int main(int argc, char** argv) {
   };
   try {
     if (!args.empty() && args[0] == "rank") {
-      return run_rank(flag("--die-after-init"), number("--timeout-s", 30));
+      return run_rank(flag("--die-after-init"), number("--timeout-s", 30), flag("--nccl"));
     }
     if (!args.empty() && args[0] == "spawn") {
-      return spawn(number("--world-size", 2), flag("--agent-store"), number("--kill-rank", -1),
-                   number("--deadline-s", 60));
+      // NCCL: one rank per GPU, as many as scripts/gpu-check found (MANTISSA_NCCL_RANKS).
+      const char* gpus = std::getenv("MANTISSA_NCCL_RANKS");
+      const int default_world = flag("--nccl") ? (gpus != nullptr ? std::atoi(gpus) : 1) : 2;
+      return spawn(number("--world-size", std::max(default_world, 1)), flag("--agent-store"),
+                   number("--kill-rank", -1), number("--deadline-s", 60), flag("--nccl"));
     }
     std::cerr << "usage: distributed_check spawn [--world-size N] [--agent-store] "
                  "[--kill-rank R] [--deadline-s S] | rank [--die-after-init] [--timeout-s S]"

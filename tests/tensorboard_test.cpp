@@ -39,6 +39,8 @@ namespace {
 using mantissa::LogEntry;
 using mantissa::TensorBoardCallback;
 using mantissa::Trainer;
+using mantissa::TrainerControl;
+using mantissa::TrainerState;
 using mantissa::TrainingArguments;
 using mantissa_test::TempDir;
 using ::testing::ElementsAre;
@@ -479,10 +481,23 @@ TEST(TensorBoardCallbackTest, OnlyWhenAskedAndOnlyOnRankZero) {
     EXPECT_EQ(subfolders(io::join_path(named, "runs")), std::vector<std::string>{"base"});
     EXPECT_FALSE(io::list_directory(io::join_path(named, "runs/base")).empty());
   }
-  const ScopedEnv rank_one("RANK", "1");
+  // A process other than rank 0 of a data-parallel run (the Trainer marks it in the state, as
+  // HF's TrainerState.is_world_process_zero) writes nothing.
   const auto dir = mantissa_test::toy_output_dir();
-  run(mantissa_test::toy_args(dir).max_steps(2).report_to("tensorboard"));
+  const auto args = mantissa_test::toy_args(dir).report_to("tensorboard");
+  TensorBoardCallback callback;
+  TrainerState state;
+  state.is_world_process_zero = false;
+  TrainerControl control;
+  callback.on_train_begin(args, state, control);
+  callback.on_log(args, state, control, {{"loss", 1.0}});
+  callback.on_train_end(args, state, control);
   EXPECT_FALSE(io::path_exists(io::join_path(dir, "runs")));
+  state.is_world_process_zero = true;  // the same calls on rank 0 write the file
+  callback.on_train_begin(args, state, control);
+  callback.on_log(args, state, control, {{"loss", 1.0}});
+  callback.on_train_end(args, state, control);
+  EXPECT_TRUE(io::path_exists(io::join_path(dir, "runs")));
 }
 
 }  // namespace
