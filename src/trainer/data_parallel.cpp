@@ -1,5 +1,7 @@
 #include "trainer/data_parallel.h"
 
+#include "trainer/resume_check.h"
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -29,6 +31,7 @@ std::vector<std::string> differing_fields(const std::string& mine, const std::st
   const auto b = nlohmann::json::parse(rank0);
   std::vector<std::string> out;
   for (const auto& [key, value] : a.items()) {
+    if (is_execution_detail(key)) continue;  // output_dir, workers, ... may differ per process
     const auto other = b.find(key);
     if (other == b.end() || *other != value) {
       out.push_back(fmt::format("{}: {} (rank 0: {})", key, value.dump(),

@@ -48,7 +48,8 @@ class DataParallel {
   const c10::Device& device() const noexcept { return device_; }
 
   /// Stops every rank, with an error naming the fields and ranks, when some rank's arguments
-  /// differ from rank 0's.
+  /// differ from rank 0's in what they compute (where a process writes and how it loads data
+  /// may differ: `is_execution_detail`).
   void check_same_arguments(const TrainingArguments& args) const;
   /// Stops every rank when the models' parameters differ in number, name, shape or dtype (what
   /// DDP's constructor checks with `c10d::verify_params_across_processes`), naming the first

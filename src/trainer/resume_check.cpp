@@ -40,6 +40,12 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
                                                   "report_to",
                                                   "run_name"};
 
+}  // namespace
+
+bool is_execution_detail(std::string_view field) { return among(kUnreportedFields, field); }
+
+namespace {
+
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
@@ -87,7 +93,7 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
   ArgumentChanges changes;
   for (const auto& [key, value] : current.items()) {
     const auto it = before.find(key);
-    if (it == before.end() || *it == value || among(kUnreportedFields, key)) continue;
+    if (it == before.end() || *it == value || is_execution_detail(key)) continue;
     const std::string change = fmt::format("{} is {} now but was {} when the checkpoint was saved",
                                            key, value.dump(), it->dump());
     const bool optimizer_family_changes =

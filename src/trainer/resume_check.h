@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <mantissa/trainer_callback.h>
@@ -42,6 +43,11 @@ struct ArgumentChanges {
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
 };
+
+/// Whether a TrainingArguments field only says where and how a process runs (output_dir,
+/// dataloader workers, the progress bar, CUDA graphs, reporting), not what it computes: such
+/// fields may differ between a run and its resume, and between the processes of one job.
+bool is_execution_detail(std::string_view field);
 
 /// Compares every field of `now` with `saved` (the checkpoint's `training_args.json`).
 /// Fields that only say where and how to run (output_dir, dataloader workers, progress bar,
