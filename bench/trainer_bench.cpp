@@ -11,8 +11,8 @@
 // itself, each rank on its shard of the epoch; bench/ddp_scaling runs it that way beside
 // bench/python/torch_ddp.py. Only rank 0 prints the JSON line, with the world size; its speeds
 // are those of rank 0 (samples_per_second counts this rank's samples). --ddp_bucket_cap_mb sets
-// the Trainer's gradient bucket size. The hand-written loop has no gradient sync, so it only
-// runs alone.
+// the Trainer's gradient bucket size; unused parameters are not searched for, as in PyTorch's
+// DDP by default. The hand-written loop has no gradient sync, so it only runs alone.
 //
 // What both implementations do, step for step (the Trainer's defaults, with the optimizer and
 // precision given on the command line):
@@ -196,7 +196,10 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
                   .save_strategy("no")
                   .disable_tqdm(true)
                   .seed(c.seed)
-                  .ddp_bucket_cap_mb(c.ddp_bucket_cap_mb);
+                  .ddp_bucket_cap_mb(c.ddp_bucket_cap_mb)
+                  // DistributedDataParallel's own default, which bench/python/torch_ddp.py
+                  // runs with (HF, and so the Trainer, would walk the graph for unused ones).
+                  .ddp_find_unused_parameters(false);
   StepClock clock{c.warmup, c.total_steps(), {}, {}};
   mantissa::Trainer trainer(model, args, std::move(data));
   trainer.add_callback(std::make_shared<StepClockCallback>(clock));

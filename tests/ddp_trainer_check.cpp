@@ -214,8 +214,9 @@ int run_alone(const Launch& l, std::vector<std::string> args, const std::string&
 /// their exit statuses. Rank r's output goes to `<prefix>.rank<r>.log` and is echoed.
 std::vector<int> run_ranks(const Launch& l, int world, std::vector<std::string> args,
                            const std::string& prefix,
-                           const std::function<std::vector<std::string>(int)>& extra = {}) {
-  const auto port = mt::free_port();
+                           const std::function<std::vector<std::string>(int)>& extra = {},
+                           uint16_t port = 0) {
+  if (port == 0) port = mt::free_port();
   const auto base = mt::environment_without_launcher_variables();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
@@ -463,8 +464,8 @@ int run_check(const std::string& scenario, Launch l) {
     ok &= contains(read_text(l.dir + "/args.rank0.log"), "rank(s) 1 differ from rank 0",
                    "rank 0's error");
     ok &= contains(read_text(l.dir + "/args.rank1.log"), "learning_rate: 0.5", "rank 1's error");
-    ok &= !contains(read_text(l.dir + "/args.rank1.log"), "dataloader_num_workers",
-                    "rank 1's error");
+    ok &=
+        !contains(read_text(l.dir + "/args.rank1.log"), "dataloader_num_workers", "rank 1's error");
   } else if (scenario == "mismatched_model") {
     const auto status = run_ranks(
         l, 2, std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out"),
@@ -477,6 +478,28 @@ int run_check(const std::string& scenario, Launch l) {
       ok &= contains(read_text(l.dir + "/model.rank" + std::to_string(r) + ".log"),
                      "built different models", "rank " + std::to_string(r) + "'s error");
     }
+  } else if (scenario == "port_in_use") {
+    // Another program listens on MASTER_PORT: rank 0 cannot host the store and says so; rank 1
+    // reaches that program instead and gives up after ddp_timeout.
+    const int blocker = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    ::bind(blocker, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::listen(blocker, 8);
+    ::getsockname(blocker, reinterpret_cast<sockaddr*>(&addr), &len);
+    const auto status =
+        run_ranks(l, 2,
+                  std::vector<std::string>{"--results", l.dir + "/r.st"} +
+                      common_flags(l.dir + "/out") + std::vector<std::string>{"--ddp_timeout", "5"},
+                  l.dir + "/port", {}, ntohs(addr.sin_port));
+    ::close(blocker);
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/port.rank0.log"),
+                   "cannot host the job's store on 127.0.0.1:", "rank 0's error");
+    ok &= contains(read_text(l.dir + "/port.rank1.log"), "cannot reach the job's store",
+                   "rank 1's error");
   } else if (scenario == "torchrun") {
     // The same job started by torchrun --no-python (its agent hosts the store).
     if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun)) {

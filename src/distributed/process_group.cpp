@@ -6,7 +6,10 @@
 // definitions of one gloo type would break the one-definition rule), so this file only calls
 // ProcessGroupGloo's own factories and never names a gloo type beyond the device pointer.
 
+#include <future>
+#include <memory>
 #include <sstream>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -21,6 +24,23 @@
 
 namespace mantissa::distributed {
 namespace {
+
+// A TCPStore client that reaches a program which accepts the connection but never answers (a
+// port taken by something else) waits in its handshake without a deadline. The connection is
+// therefore made on a thread of its own, and given up on after `timeout`; the abandoned thread
+// ends with the process. Written by hand: c10d offers no bounded connect.
+c10::intrusive_ptr<c10d::Store> connect_within(const std::string& host,
+                                               const c10d::TCPStoreOptions& options,
+                                               std::chrono::milliseconds timeout) {
+  auto connect = std::make_shared<std::packaged_task<c10::intrusive_ptr<c10d::Store>()>>(
+      [host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
+  auto connected = connect->get_future();
+  std::thread([connect] { (*connect)(); }).detach();
+  TORCH_CHECK(connected.wait_for(timeout) == std::future_status::ready, "no answer from ", host,
+              ":", options.port, " within ", timeout.count(),
+              " ms (whatever listens there is not a store that answers)");
+  return connected.get();
+}
 
 // torch/distributed/rendezvous.py, _create_c10d_store: the agent's store, or rank 0's.
 c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
@@ -38,13 +58,25 @@ c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
   if (env.use_agent_store) {
     // The agent made a new store for this attempt; the prefix keeps its keys apart.
     options.isServer = false;
-    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    auto store = connect_within(env.master_addr, options, timeout);
     return c10::make_intrusive<c10d::PrefixStore>(
         "/worker/attempt_" + std::to_string(env.restart_count), store);
   }
   options.isServer = env.rank == 0;
   options.multiTenant = true;
-  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  try {
+    if (options.isServer) return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    return connect_within(env.master_addr, options, timeout);
+  } catch (const std::exception& error) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    TORCH_CHECK(
+        false, "rank ", env.rank, " of ", env.world_size,
+        env.rank == 0 ? ": cannot host the job's store on " : ": cannot reach the job's store on ",
+        env.master_addr, ":", env.master_port,
+        env.rank == 0 ? " (is another program using MASTER_PORT? pick a free one)"
+                      : " (is rank 0 running, and MASTER_ADDR an address this host reaches?)",
+        ": ", c10_error != nullptr ? c10_error->what_without_backtrace() : error.what());
+  }
 }
 
 std::vector<std::string> split_interfaces(const std::string& names) {
