@@ -120,7 +120,9 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
     x = torch::randn({o.num_examples, 20});
     y = torch::randint(0, 4, {o.num_examples}, torch::kLong);
   }
-  torch::manual_seed(1);
+  // Each rank starts from other weights: the Trainer must copy rank 0's (seed 1, the lone
+  // process's) to all.
+  torch::manual_seed(1 + static_cast<std::uint64_t>(env.rank));
   Mlp model(o.hidden, o.dropout);
   if (!init.empty()) {
     torch::NoGradGuard no_grad;

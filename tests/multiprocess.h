@@ -38,7 +38,9 @@ inline uint16_t free_port() {
   socklen_t len = sizeof(addr);
   if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot find a free port: " + why);
   }
   ::close(fd);
   return ntohs(addr.sin_port);

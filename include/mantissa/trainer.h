@@ -74,6 +74,13 @@ struct PredictionOutput {
 /// overflow), cast back, scale update, and the scheduler only if the step ran. Steps sync with
 /// the device only to log (every `logging_steps`), to decide an fp16 skip, or to save.
 /// Move-only.
+///
+/// Started as several processes (torchrun, or `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`),
+/// the constructor joins the job, and the Trainer trains data parallel (docs/distributed.md).
+/// Every process must then make the same calls in the same order: the constructor, `train`,
+/// `evaluate`, `predict` and the first `optimizer()` / `lr_scheduler()` talk to the other
+/// processes, and one process calling them alone waits for the others until `ddp_timeout`.
+/// `save_model` writes on the saving process only (rank 0), as HF's.
 class Trainer {
  public:
   /// The functions a Trainer takes (include/mantissa/trainer_hooks.h), also spelled as

@@ -36,8 +36,9 @@ c10::intrusive_ptr<c10d::Store> connect_within(const std::string& host,
       [host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
   auto connected = connect->get_future();
   std::thread([connect] { (*connect)(); }).detach();
-  TORCH_CHECK(connected.wait_for(timeout) == std::future_status::ready, "no answer from ", host,
-              ":", options.port, " within ", timeout.count(),
+  // A little past the store's own deadline, so that its error (nothing listens) comes first.
+  TORCH_CHECK(connected.wait_for(timeout + std::chrono::seconds(5)) == std::future_status::ready,
+              "no answer from ", host, ":", options.port, " within ", timeout.count(),
               " ms (whatever listens there is not a store that answers)");
   return connected.get();
 }
@@ -69,13 +70,17 @@ c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
     return connect_within(env.master_addr, options, timeout);
   } catch (const std::exception& error) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    const std::string cause =
+        c10_error != nullptr ? c10_error->what_without_backtrace() : error.what();
+    const bool port_taken = cause.find("EADDRINUSE") != std::string::npos;
     TORCH_CHECK(
         false, "rank ", env.rank, " of ", env.world_size,
         env.rank == 0 ? ": cannot host the job's store on " : ": cannot reach the job's store on ",
         env.master_addr, ":", env.master_port,
-        env.rank == 0 ? " (is another program using MASTER_PORT? pick a free one)"
-                      : " (is rank 0 running, and MASTER_ADDR an address this host reaches?)",
-        ": ", c10_error != nullptr ? c10_error->what_without_backtrace() : error.what());
+        env.rank != 0 ? " (is rank 0 running, and MASTER_ADDR an address this host reaches?)"
+        : port_taken  ? " (is another program using MASTER_PORT? pick a free one)"
+                      : " (did every other process start and reach it in time?)",
+        ": ", cause);
   }
 }
 

@@ -91,16 +91,16 @@ DataParallel::DataParallel(distributed::DistributedEnvironment env, std::string 
 
 std::string DataParallel::failure_message(const char* what, const std::string& cause) const {
   return fmt::format(
-      "rank {} of {}: {} failed: {}. Another process of the job most likely exited or stopped "
-      "responding (a process waits at most ddp_timeout = {} s); look at its output for the "
-      "first error",
-      rank(), world_size(), what, cause,
+      "rank {} of {}: {} failed: {}. {} most likely exited or stopped responding (a process "
+      "waits at most ddp_timeout = {} s); look at its output for the first error",
+      rank(), world_size(), what, cause, kFailureMark,
       std::chrono::duration_cast<std::chrono::seconds>(timeout_).count());
 }
 
 bool DataParallel::is_collective_failure(const std::exception& error) {
   if (dynamic_cast<const c10::DistError*>(&error) != nullptr) return true;
   const std::string text = error.what();
+  if (text.find(kFailureMark) != std::string::npos) return false;  // named by us already
   for (const char* mark : {"gloo", "Gloo", "NCCL", "Connection closed", "Connection reset",
                            "Timed out", "timed out"}) {
     if (text.find(mark) != std::string::npos) return true;
@@ -131,8 +131,9 @@ void DataParallel::check_same_parameters(const torch::nn::Module& module) const 
   std::vector<std::string> mine;
   for (const auto& item : module.named_parameters()) {
     const auto& p = item.value();
-    mine.push_back(fmt::format("{} [{}] {}", item.key(), fmt::join(p.sizes(), ", "),
-                               c10::toString(p.scalar_type())));
+    mine.push_back(fmt::format("{} [{}] {}{}", item.key(), fmt::join(p.sizes(), ", "),
+                               c10::toString(p.scalar_type()),
+                               p.requires_grad() ? "" : " (frozen)"));
   }
   const auto text = c10::Join("\n", mine);
   const auto rank0_text = broadcast_bytes(text);

@@ -4,9 +4,9 @@
 // is c10d::Reducer's job, in trainer/gradient_sync.h): copying rank 0's state to every rank,
 // checking that the ranks agree, summing log values and gathering evaluation rows.
 //
-// Every method is a collective: all ranks must call it, in the same order. A failure (a peer
-// that exited, or one that stopped answering for `ddp_timeout`) raises a c10::Error that names
-// this rank and what it was doing.
+// The methods that take or return data are collectives: all ranks must call them, in the same
+// order. A failure (a peer that exited, or one that stopped answering for `ddp_timeout`) raises
+// a c10::Error that names this rank and what it was doing.
 
 #include <cstdint>
 #include <memory>
@@ -21,6 +21,10 @@
 #include <mantissa/training_arguments.h>
 
 namespace mantissa::detail {
+
+/// Part of every message of `DataParallel::failure_message`; an error that holds it is not
+/// wrapped again.
+inline constexpr const char* kFailureMark = "Another process of the job";
 
 /// A Trainer's process group and where this process sits in it.
 class DataParallel {
@@ -79,9 +83,9 @@ class DataParallel {
   /// `gather_for_metrics`.
   torch::Tensor gather_rows(const torch::Tensor& rows, std::int64_t num_examples,
                             double padding_value) const;
-  /// Runs `body`, a collective, turning any error it raises into a c10::Error that says which
-  /// rank failed at `what` and what usually causes it (another process died or hung for
-  /// `ddp_timeout`).
+  /// Runs `body`, a collective: an error of the collective itself (`is_collective_failure`)
+  /// becomes a c10::Error that says which rank failed at `what` and what usually causes it
+  /// (another process died or hung for `ddp_timeout`); others pass unchanged.
   template <typename F>
   auto guarded(const char* what, F&& body) const -> decltype(body());
 
@@ -91,7 +95,7 @@ class DataParallel {
   auto guarded_step(F&& body) const -> decltype(body());
 
   /// Whether `error` came from the collectives (c10d's own error types, or gloo's and NCCL's
-  /// messages) rather than from the step's own code.
+  /// messages) rather than from the step's own code, and is not one of ours already.
   static bool is_collective_failure(const std::exception& error);
 
   /// The message of `guarded`'s error.
@@ -109,10 +113,12 @@ template <typename F>
 auto DataParallel::guarded(const char* what, F&& body) const -> decltype(body()) {
   try {
     return body();
-  } catch (const c10::Error& error) {
-    TORCH_CHECK(false, failure_message(what, error.what_without_backtrace()));
   } catch (const std::exception& error) {  // gloo's own errors are std::runtime_error
-    TORCH_CHECK(false, failure_message(what, error.what()));
+    if (!is_collective_failure(error)) throw;
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    TORCH_CHECK(false,
+                failure_message(what, c10_error != nullptr ? c10_error->what_without_backtrace()
+                                                           : error.what()));
   }
 }
 

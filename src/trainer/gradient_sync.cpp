@@ -1,6 +1,7 @@
 #include "trainer/gradient_sync.h"
 
 #include <limits>
+#include <unordered_set>
 
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -41,14 +42,16 @@ GradientSync::GradientSync(const DataParallel& group, torch::nn::Module& module,
       module_(module),
       find_unused_parameters_(args.resolved_ddp_find_unused_parameters()),
       broadcast_buffers_(args.resolved_ddp_broadcast_buffers()) {
+  // Each tensor once: a tied weight (registered under two names) has one gradient, and DDP
+  // (`_build_params_for_reducer`) averages it once.
   std::vector<torch::Tensor> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& p : module.parameters()) {
-    if (p.requires_grad()) params.push_back(p);
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
   }
   TORCH_CHECK_VALUE(!params.empty(),
                     "the model has no parameter that requires a gradient, so "
                     "there is nothing to average across the processes");
-  for (const auto& b : module.buffers()) buffers_.push_back(b.detach());
 
   // DDP's sizes: unset bucket_cap_mb gives 25 MiB buckets after a first one of 1 MiB; a set one
   // caps every bucket. Without find_unused_parameters the first iteration runs with a single
@@ -87,8 +90,11 @@ void GradientSync::before_forward(bool sync) {
   if (sync) {
     group_.guarded("rebuilding the gradient buckets", [&] { reducer_->rebuild_buckets(); });
   }
-  if (broadcast_buffers_ && last_forward_synced_ && !buffers_.empty()) {
-    group_.broadcast_tensors(buffers_);
+  if (broadcast_buffers_ && last_forward_synced_) {
+    // Read anew each time, as DDP does: a cast of the module replaces its buffers' storage.
+    std::vector<torch::Tensor> buffers;
+    for (const auto& b : module_.buffers()) buffers.push_back(b.detach());
+    group_.broadcast_tensors(buffers);
   }
 }
 

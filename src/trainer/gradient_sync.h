@@ -50,7 +50,6 @@ class GradientSync {
   torch::nn::Module& module_;
   bool find_unused_parameters_;
   bool broadcast_buffers_;
-  std::vector<torch::Tensor> buffers_;
   std::shared_ptr<c10d::Reducer> reducer_;
   /// Whether the last forward was followed by a synced backward (DDP's
   /// `require_forward_param_sync`): buffers are broadcast only then.

@@ -199,6 +199,9 @@ void Trainer::Impl::save_checkpoint_with_peers(const detail::CheckpointParts& pa
   const auto step = state_.global_step;
   const bool writer = should_save();
   const auto folder = detail::shared_checkpoint_folder(dir, step);
+  // Where a process without a writer of its own adds its random state: rank 0's folder (its
+  // output_dir may differ from this process's; on a shared file system it is visible here).
+  const auto rank0_folder = dp.broadcast_bytes(folder);
   std::string error;
   const auto attempt = [&error](const auto& body) {
     if (!error.empty()) return;
@@ -222,10 +225,16 @@ void Trainer::Impl::save_checkpoint_with_peers(const detail::CheckpointParts& pa
     });
   }
   agreed("writing the model, optimizer and state");
-  // A process on a node that has no writer and does not share its file system has no folder
-  // to add its random state to.
   attempt([&] {
-    if (io::is_directory(folder)) detail::write_rng_state(folder, dp.rank(), dp.world_size());
+    const auto& target = io::is_directory(folder) ? folder : rank0_folder;
+    if (io::is_directory(target)) {
+      detail::write_rng_state(target, dp.rank(), dp.world_size());
+    } else {
+      // A node that has no writer and does not share rank 0's file system.
+      TORCH_WARN_ONCE("rank ", dp.rank(), ": no checkpoint folder is visible to this process ('",
+                      folder, "' nor rank 0's '", rank0_folder,
+                      "'), so its random state is not saved; a resume starts it afresh");
+    }
   });
   agreed("writing each process's random state");
   if (writer) attempt([&] { detail::publish_checkpoint(dir, folder, step); });
@@ -247,8 +256,6 @@ void Trainer::Impl::start_state() {
 }
 
 void Trainer::Impl::load_for_resume(const std::string& dir) {
-  // Every process must continue the same checkpoint ("latest" resolves on each).
-  if (data_parallel_) data_parallel_->check_same_text(dir, "the checkpoint to resume from");
   // A run of another size: its position within an epoch means other batches here, so the
   // run continues at its global_step placed as HF places it (whole epochs of this run's size).
   const bool other_world_size = io::is_directory(dir) && detail::saved_process_count(dir) > 0 &&

@@ -129,6 +129,12 @@ class Trainer::Impl {
   /// Several processes: adds every process's tokens since the last call to the state's count
   /// and the log window's. A collective.
   void share_token_counts(Run& run);
+  /// The checkpoint folder `resume` names (`latest` resolved), or nullopt for a fresh start.
+  /// Several processes agree on it first (a collective): all resume the same one, or all stop.
+  std::optional<std::string> checkpoint_to_resume(const std::optional<std::string>& resume) const;
+  /// The loss window's inf/nan streak check; with several processes every one stops when any
+  /// does (a collective).
+  void check_nonfinite_on_all(Run& run) const;
 
   // ---- what the Trainer was given ----------------------------------------------------------
 

@@ -76,7 +76,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
 
   torch::manual_seed(static_cast<std::uint64_t>(args_.seed()));
   start_state();
-  if (resume) load_for_resume(detail::resolve_checkpoint(*resume, args_.output_dir()));
+  if (const auto dir = checkpoint_to_resume(resume)) load_for_resume(*dir);
   broadcast_scaler_state();
   const auto max_steps = schedule_.max_steps;
   detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()),
@@ -124,7 +124,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
     train_epoch(run, epoch, epoch == position.epoch ? position.batches_done : 0);
   }
   progress.close();
-  run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
+  check_nonfinite_on_all(run);
   share_token_counts(run);
 
   const double runtime = seconds_since(start);
@@ -231,6 +231,51 @@ void Trainer::Impl::maybe_log_save_evaluate(Run& run, bool epoch_end) {
   control_.should_save = false;
 }
 
+std::optional<std::string> Trainer::Impl::checkpoint_to_resume(
+    const std::optional<std::string>& resume) const {
+  if (!data_parallel_) {
+    if (!resume) return std::nullopt;
+    return detail::resolve_checkpoint(*resume, args_.output_dir());
+  }
+  // Every process resolves its own ("latest" looks at its output_dir), then all agree, before
+  // any of them starts the collectives of a resume that the others would not run.
+  std::optional<std::string> dir;
+  std::string failure;
+  if (resume) {
+    try {
+      dir = detail::resolve_checkpoint(*resume, args_.output_dir());
+    } catch (const c10::Error& error) {
+      failure = error.what_without_backtrace();
+    }
+  }
+  if (!data_parallel_->all_ok(failure.empty())) {
+    TORCH_CHECK_VALUE(failure.empty(), failure);
+    TORCH_CHECK_VALUE(
+        false, "rank ", data_parallel_->rank(),
+        ": another process cannot find the checkpoint to resume from (see its error)");
+  }
+  data_parallel_->check_same_text(dir.value_or("(none: a fresh start)"),
+                                  "the checkpoint to resume from");
+  return dir;
+}
+
+void Trainer::Impl::check_nonfinite_on_all(Run& run) const {
+  if (!data_parallel_) return run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
+  // Each process counts its own losses; all stop together, or the others would wait for it.
+  std::string failure;
+  try {
+    run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
+  } catch (const c10::Error& error) {
+    failure = error.what_without_backtrace();
+  }
+  if (data_parallel_->all_ok(failure.empty())) return;
+  TORCH_CHECK(failure.empty(), failure);
+  TORCH_CHECK(false, "rank ", data_parallel_->rank(),
+              ": training stopped because another "
+              "process saw ",
+              args_.max_consecutive_nonfinite(), " inf/nan losses in a row (see its error)");
+}
+
 void Trainer::Impl::share_token_counts(Run& run) {
   if (!data_parallel_) return;
   const auto total = static_cast<std::int64_t>(
@@ -263,7 +308,7 @@ void Trainer::Impl::log_training_progress(Run& run) {
   run.samples_since_log = 0;
   run.tokens_since_log = 0;
   run.log_window_start = Clock::now();
-  run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
+  check_nonfinite_on_all(run);
   log(std::move(logs));
 }
 
