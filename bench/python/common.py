@@ -1,5 +1,5 @@
 """What the Python anchors share with build/bench/trainer_bench: the data, the models, the data
-order, the command line, the step clock and the JSON line.
+order, the command line, the training step, the step clock and the JSON line.
 
 Each piece mirrors its C++ counterpart, named in its docstring, so that both sides train the
 same model on the same batches in the same order."""
@@ -11,6 +11,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -106,6 +107,59 @@ def setup(args):
         raise SystemExit(f"warmup + steps must fit in one epoch ({images.shape[0] // args.batch_size} batches)")
     torch.manual_seed(args.seed)
     return images, targets, MODELS[args.model](), default_threads
+
+
+def prepare_precision(model, args):
+    """bf16_masters: casts the model to bf16 and returns fp32 master copies of its parameters
+    (what the optimizer updates); other precisions: None, the model stays fp32."""
+    if args.precision != "bf16_masters":
+        return None
+    model.to(torch.bfloat16)
+    return [p.detach().float() for p in model.parameters()]
+
+
+def train_steps(net, model, masters, images, targets, order, args):
+    """The step trainer_bench times, --warmup + --steps times over `order` in batches of
+    --batch_size: forward and cross-entropy under bf16 autocast (bf16, bf16_masters) or in fp32,
+    backward, master gradients, clip_grad_norm_(1.0), AdamW (weight decay 0; fused=True for
+    adamw_torch_fused, else the single-tensor loop), the masters copied back, HF's linear decay
+    as a LambdaLR, zero_grad. `net` runs the forward (the model, or its DDP wrapper). Returns the
+    StepClock and the sum of the step losses (a 0-d tensor)."""
+    bf16 = args.precision != "fp32"
+    params = masters if masters is not None else list(model.parameters())
+    fused = args.optim == "adamw_torch_fused"
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=fused or None,
+                                  foreach=None if fused else False)
+    total = args.warmup + args.steps
+    # transformers.get_linear_schedule_with_warmup with no warmup.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / max(1, total)))
+
+    torch.manual_seed(args.seed)  # dropout, as the Trainer seeds at train()
+    net.train()
+    loss_sum = torch.zeros((), dtype=torch.float)
+    clock = StepClock(args.warmup, total)
+    for step in range(total):
+        index = order[step * args.batch_size:(step + 1) * args.batch_size]
+        x, y = images.index_select(0, index), targets.index_select(0, index)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        loss_sum += loss.detach().float()
+        if masters is not None:
+            for master, param in zip(masters, model.parameters()):
+                master.grad = param.grad.float()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if masters is not None:
+            with torch.no_grad():
+                for master, param in zip(masters, model.parameters()):
+                    param.copy_(master)
+        scheduler.step()
+        optimizer.zero_grad()
+        if masters is not None:
+            model.zero_grad()
+        clock.step_ended(step + 1)
+    return clock, loss_sum
 
 
 def status_mib(key):

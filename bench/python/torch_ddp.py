@@ -23,7 +23,6 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
@@ -52,49 +51,13 @@ def main():
     if total * args.batch_size > order.shape[0]:
         raise SystemExit(f"warmup + steps must fit in one epoch ({order.shape[0] // args.batch_size} batches "
                          f"of {args.batch_size} per rank)")
-    bf16 = args.precision != "fp32"
-
-    masters = None
-    if args.precision == "bf16_masters":
-        model.to(torch.bfloat16)
-        masters = [p.detach().float() for p in model.parameters()]
+    masters = common.prepare_precision(model, args)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     net = model
     if world_size > 1:
         kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
         net = DistributedDataParallel(model, find_unused_parameters=False, broadcast_buffers=True, **kwargs)
-    params = masters if masters is not None else list(model.parameters())
-    fused = args.optim == "adamw_torch_fused"
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=fused or None,
-                                  foreach=None if fused else False)
-    # transformers.get_linear_schedule_with_warmup with no warmup.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / max(1, total)))
-
-    torch.manual_seed(args.seed)  # dropout, as the Trainer seeds at train()
-    net.train()
-    loss_sum = torch.zeros((), dtype=torch.float)
-    clock = common.StepClock(args.warmup, total)
-    for step in range(total):
-        index = order[step * args.batch_size:(step + 1) * args.batch_size]
-        x, y = images.index_select(0, index), targets.index_select(0, index)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        loss_sum += loss.detach().float()
-        if masters is not None:
-            for master, param in zip(masters, model.parameters()):
-                master.grad = param.grad.float()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        if masters is not None:
-            with torch.no_grad():
-                for master, param in zip(masters, model.parameters()):
-                    param.copy_(master)
-        scheduler.step()
-        optimizer.zero_grad()
-        if masters is not None:
-            model.zero_grad()
-        clock.step_ended(step + 1)
+    clock, loss_sum = common.train_steps(net, model, masters, images, targets, order, args)
 
     if world_size > 1:
         dist.all_reduce(loss_sum)
