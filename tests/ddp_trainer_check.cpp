@@ -19,6 +19,7 @@
 // rank kills itself with SIGKILL after step S).
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <fstream>
@@ -480,6 +481,21 @@ int run_check(const std::string& scenario, Launch l) {
       ok &= contains(read_text(l.dir + "/model.rank" + std::to_string(r) + ".log"),
                      "built different models", "rank " + std::to_string(r) + "'s error");
     }
+  } else if (scenario == "output_dir_refused") {
+    // Rank 0 refuses an output_dir another run wrote; rank 1 (which never checks it) must stop
+    // too instead of waiting in the first collective of training.
+    const auto out = l.dir + "/taken";
+    mantissa::io::create_directories(out);
+    std::ofstream(out + "/left_by_another_run.txt") << "x";
+    auto flags = common_flags(out);
+    flags.erase(std::find(flags.begin(), flags.end(), "--overwrite_output_dir"));
+    const auto status = run_ranks(
+        l, 2, std::vector<std::string>{"--results", l.dir + "/r.st"} + flags, l.dir + "/dir");
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/dir.rank0.log"), "already exists and is not empty",
+                   "rank 0's error");
+    ok &= contains(read_text(l.dir + "/dir.rank1.log"), "another process refused the output_dir",
+                   "rank 1's error");
   } else if (scenario == "port_in_use") {
     // Another program listens on MASTER_PORT: rank 0 cannot host the store and says so; rank 1
     // reaches that program instead and gives up after ddp_timeout.

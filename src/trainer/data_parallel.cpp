@@ -2,7 +2,6 @@
 
 #include "trainer/resume_check.h"
 
-#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -39,14 +38,6 @@ std::vector<std::string> differing_fields(const std::string& mine, const std::st
     }
   }
   return out;
-}
-
-std::string ranks_where(const std::vector<bool>& flags) {
-  std::vector<std::string> ranks;
-  for (std::size_t r = 0; r < flags.size(); ++r) {
-    if (flags[r]) ranks.push_back(std::to_string(r));
-  }
-  return c10::Join(", ", ranks);
 }
 
 }  // namespace
@@ -113,11 +104,11 @@ void DataParallel::check_same_arguments(const TrainingArguments& args) const {
   const auto rank0 = broadcast_bytes(mine);
   const auto differences =
       mine == rank0 ? std::vector<std::string>() : differing_fields(mine, rank0);
-  const auto differ = flags_of_ranks(!differences.empty());
-  if (std::none_of(differ.begin(), differ.end(), [](bool b) { return b; })) return;
+  const auto differ = differing_ranks(!differences.empty());
+  if (differ.empty()) return;
   TORCH_CHECK_VALUE(
-      false, "the processes of this job were given different TrainingArguments: rank(s) ",
-      ranks_where(differ), " differ from rank 0",
+      false, "the processes of this job were given different TrainingArguments: rank(s) ", differ,
+      " differ from rank 0",
       differences.empty()
           ? std::string()
           : fmt::format(" (here, on rank {}: {})", rank(), c10::Join("; ", differences)),
@@ -137,8 +128,8 @@ void DataParallel::check_same_parameters(const torch::nn::Module& module) const 
   }
   const auto text = c10::Join("\n", mine);
   const auto rank0_text = broadcast_bytes(text);
-  const auto differ = flags_of_ranks(text != rank0_text);
-  if (std::none_of(differ.begin(), differ.end(), [](bool b) { return b; })) return;
+  const auto differ = differing_ranks(text != rank0_text);
+  if (differ.empty()) return;
   std::string here;
   if (text != rank0_text) {
     const auto rank0 = c10::split(rank0_text, '\n');
@@ -148,20 +139,18 @@ void DataParallel::check_same_parameters(const torch::nn::Module& module) const 
         fmt::format(" (here, on rank {}: parameter {} is {}, on rank 0 {})", rank(), i,
                     i < mine.size() ? mine[i] : "missing", i < rank0.size() ? rank0[i] : "missing");
   }
-  TORCH_CHECK_VALUE(false, "the processes of this job built different models: rank(s) ",
-                    ranks_where(differ),
+  TORCH_CHECK_VALUE(false, "the processes of this job built different models: rank(s) ", differ,
                     " differ from rank 0 in their parameters' number, "
-                    "names, shapes or dtypes",
+                    "names, shapes, dtypes or requires_grad",
                     here, ". Every process must build the same model");
 }
 
 void DataParallel::check_same_text(const std::string& value, const std::string& what) const {
   const auto rank0 = broadcast_bytes(value);
-  const auto differ = flags_of_ranks(value != rank0);
-  if (std::none_of(differ.begin(), differ.end(), [](bool b) { return b; })) return;
-  TORCH_CHECK_VALUE(false, "the processes of this job disagree about ", what, ": rank(s) ",
-                    ranks_where(differ), " differ from rank 0's '", rank0, "' (rank ", rank(),
-                    " has '", value, "')");
+  const auto differ = differing_ranks(value != rank0);
+  if (differ.empty()) return;
+  TORCH_CHECK_VALUE(false, "the processes of this job disagree about ", what, ": rank(s) ", differ,
+                    " differ from rank 0's '", rank0, "' (rank ", rank(), " has '", value, "')");
 }
 
 void DataParallel::broadcast_module_states(torch::nn::Module& module, bool with_buffers) const {
@@ -219,13 +208,15 @@ bool DataParallel::all_ok(bool ok) const {
   });
 }
 
-std::vector<bool> DataParallel::flags_of_ranks(bool flag) const {
+std::string DataParallel::differing_ranks(bool differs_here) const {
   std::vector<double> flags(static_cast<std::size_t>(world_size()), 0.0);
-  flags[static_cast<std::size_t>(rank())] = flag ? 1.0 : 0.0;
+  flags[static_cast<std::size_t>(rank())] = differs_here ? 1.0 : 0.0;
   const auto summed = sum(std::move(flags));
-  std::vector<bool> out;
-  for (const double f : summed) out.push_back(f != 0.0);
-  return out;
+  std::vector<std::string> ranks;
+  for (std::size_t r = 0; r < summed.size(); ++r) {
+    if (summed[r] != 0.0) ranks.push_back(std::to_string(r));
+  }
+  return c10::Join(", ", ranks);
 }
 
 torch::Tensor DataParallel::gather_rows(const torch::Tensor& rows, std::int64_t num_examples,

@@ -9,6 +9,7 @@
 // a c10::Error that names this rank and what it was doing.
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,8 +75,13 @@ class DataParallel {
   std::vector<double> sum(std::vector<double> values) const;
   /// Whether `ok` holds on every rank.
   bool all_ok(bool ok) const;
-  /// For each rank, whether `flag` is set there.
-  std::vector<bool> flags_of_ranks(bool flag) const;
+  /// Runs `check` on this rank and returns whether it passed on every rank. Where it raised,
+  /// the error is raised again once every rank has been told, so that no rank waits for one that
+  /// stopped; the ranks where it passed get false and say why themselves.
+  template <typename F>
+  bool passed_everywhere(F&& check) const;
+  /// The ranks where `differs_here` holds, as "1, 3"; empty when it holds on none.
+  std::string differing_ranks(bool differs_here) const;
   /// Every rank's `rows`, interleaved back into the order of the examples they came from: row
   /// k of rank r is example `r + k * world_size`, as `distributed_sampler_indices` without
   /// shuffling hands them out; `num_examples` rows in all. Ranks may hold one row fewer than
@@ -88,11 +94,6 @@ class DataParallel {
   /// (another process died or hung for `ddp_timeout`); others pass unchanged.
   template <typename F>
   auto guarded(const char* what, F&& body) const -> decltype(body());
-
-  /// Runs a training step: an error of its collectives (the gradient averaging inside
-  /// backward) gets `guarded`'s message; any other error passes unchanged.
-  template <typename F>
-  auto guarded_step(F&& body) const -> decltype(body());
 
   /// Whether `error` came from the collectives (c10d's own error types, or gloo's and NCCL's
   /// messages) rather than from the step's own code, and is not one of ours already.
@@ -110,6 +111,19 @@ class DataParallel {
 };
 
 template <typename F>
+bool DataParallel::passed_everywhere(F&& check) const {
+  std::exception_ptr failure;
+  try {
+    check();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const bool everywhere = all_ok(failure == nullptr);
+  if (failure != nullptr) std::rethrow_exception(failure);
+  return everywhere;
+}
+
+template <typename F>
 auto DataParallel::guarded(const char* what, F&& body) const -> decltype(body()) {
   try {
     return body();
@@ -119,19 +133,6 @@ auto DataParallel::guarded(const char* what, F&& body) const -> decltype(body())
     TORCH_CHECK(false,
                 failure_message(what, c10_error != nullptr ? c10_error->what_without_backtrace()
                                                            : error.what()));
-  }
-}
-
-template <typename F>
-auto DataParallel::guarded_step(F&& body) const -> decltype(body()) {
-  try {
-    return body();
-  } catch (const std::exception& error) {
-    if (!is_collective_failure(error)) throw;
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-    TORCH_CHECK(false,
-                failure_message("averaging the gradients",
-                                c10_error ? c10_error->what_without_backtrace() : error.what()));
   }
 }
 

@@ -169,17 +169,10 @@ void Trainer::Impl::mark_process(TrainerState& state) const {
 
 void Trainer::Impl::check_output_dir_on_all(bool resuming) const {
   if (!data_parallel_) return check_output_dir(resuming);
-  std::string refusal;
-  if (should_save()) {
-    try {
-      check_output_dir(resuming);
-    } catch (const c10::Error& error) {
-      refusal = error.what_without_backtrace();
-    }
-  }
-  if (data_parallel_->all_ok(refusal.empty())) return;
-  TORCH_CHECK_VALUE(refusal.empty(), refusal);
-  TORCH_CHECK_VALUE(false, "rank ", data_parallel_->rank(),
+  const bool accepted = data_parallel_->passed_everywhere([&] {
+    if (should_save()) check_output_dir(resuming);
+  });
+  TORCH_CHECK_VALUE(accepted, "rank ", data_parallel_->rank(),
                     ": another process refused the output_dir '", args_.output_dir(),
                     "' (see rank 0's error)");
 }

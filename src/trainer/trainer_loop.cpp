@@ -191,11 +191,11 @@ void Trainer::Impl::train_epoch(Run& run, std::int64_t epoch, std::int64_t skip)
     }
 
     ++state_.steps_in_epoch;
+    const auto step = [&] {
+      return run.engine->train_batch(batch, group.in_group, group.boundary);
+    };
     const bool updated =
-        data_parallel_ ? data_parallel_->guarded_step([&] {
-          return run.engine->train_batch(batch, group.in_group, group.boundary);
-        })
-                       : run.engine->train_batch(batch, group.in_group, group.boundary);
+        data_parallel_ ? data_parallel_->guarded("averaging the gradients", step) : step();
     if (!updated) continue;
     ++state_.global_step;
     state_.epoch = schedule_.fractional_epoch(epoch, b);
@@ -240,20 +240,11 @@ std::optional<std::string> Trainer::Impl::checkpoint_to_resume(
   // Every process resolves its own ("latest" looks at its output_dir), then all agree, before
   // any of them starts the collectives of a resume that the others would not run.
   std::optional<std::string> dir;
-  std::string failure;
-  if (resume) {
-    try {
-      dir = detail::resolve_checkpoint(*resume, args_.output_dir());
-    } catch (const c10::Error& error) {
-      failure = error.what_without_backtrace();
-    }
-  }
-  if (!data_parallel_->all_ok(failure.empty())) {
-    TORCH_CHECK_VALUE(failure.empty(), failure);
-    TORCH_CHECK_VALUE(
-        false, "rank ", data_parallel_->rank(),
-        ": another process cannot find the checkpoint to resume from (see its error)");
-  }
+  const bool found = data_parallel_->passed_everywhere([&] {
+    if (resume) dir = detail::resolve_checkpoint(*resume, args_.output_dir());
+  });
+  TORCH_CHECK_VALUE(found, "rank ", data_parallel_->rank(),
+                    ": another process cannot find the checkpoint to resume from (see its error)");
   data_parallel_->check_same_text(dir.value_or("(none: a fresh start)"),
                                   "the checkpoint to resume from");
   return dir;
@@ -262,18 +253,11 @@ std::optional<std::string> Trainer::Impl::checkpoint_to_resume(
 void Trainer::Impl::check_nonfinite_on_all(Run& run) const {
   if (!data_parallel_) return run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
   // Each process counts its own losses; all stop together, or the others would wait for it.
-  std::string failure;
-  try {
-    run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite());
-  } catch (const c10::Error& error) {
-    failure = error.what_without_backtrace();
-  }
-  if (data_parallel_->all_ok(failure.empty())) return;
-  TORCH_CHECK(failure.empty(), failure);
-  TORCH_CHECK(false, "rank ", data_parallel_->rank(),
-              ": training stopped because another "
-              "process saw ",
-              args_.max_consecutive_nonfinite(), " inf/nan losses in a row (see its error)");
+  const bool finite = data_parallel_->passed_everywhere(
+      [&] { run.loss_window.check_nonfinite(args_.max_consecutive_nonfinite()); });
+  TORCH_CHECK(finite, "rank ", data_parallel_->rank(),
+              ": training stopped because another process saw ", args_.max_consecutive_nonfinite(),
+              " inf/nan losses in a row (see its error)");
 }
 
 void Trainer::Impl::share_token_counts(Run& run) {
