@@ -67,13 +67,18 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/loss_window.cpp
   src/trainer/optimizer_factory.cpp
   src/trainer/eager_engine.cpp
+  src/trainer/collectives.cpp
   src/trainer/data_parallel.cpp
+  src/trainer/single_process.cpp
+  src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp
   src/trainer/graph_engine.cpp
   src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp
+  src/trainer/training_loop.cpp
+  src/trainer/trainer_impl.cpp
+  src/trainer/trainer_train.cpp
   src/trainer/trainer.cpp
-  src/trainer/trainer_loop.cpp
   src/distributed/environment.cpp
   src/distributed/sampler.cpp
   src/distributed/process_group.cpp

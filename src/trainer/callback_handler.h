@@ -8,6 +8,8 @@
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>
 
+#include "scoped_value.h"
+
 namespace mantissa::detail {
 
 /// The callbacks of one Trainer, bound to its arguments, state and control flags (which
@@ -32,25 +34,12 @@ class CallbackHandler {
             const Given&... extra) const {
     for (const auto& callback : callbacks_) {
       // Set for the event only: one callback object may serve several Trainers.
-      const ContextScope scope(*callback, context_);
+      const ScopedValue<const TrainerCallbackContext*> scope(callback->context_, context_);
       ((*callback).*event)(*args_, *state_, *control_, extra...);
     }
   }
 
  private:
-  class ContextScope {
-   public:
-    ContextScope(TrainerCallback& callback, const TrainerCallbackContext* context)
-        : callback_(callback), saved_(std::exchange(callback.context_, context)) {}
-    ~ContextScope() { callback_.context_ = saved_; }
-    ContextScope(const ContextScope&) = delete;
-    ContextScope& operator=(const ContextScope&) = delete;
-
-   private:
-    TrainerCallback& callback_;
-    const TrainerCallbackContext* saved_;
-  };
-
   const TrainingArguments* args_;
   TrainerState* state_;
   TrainerControl* control_;

@@ -1,139 +1,70 @@
 #pragma once
-// The Trainer's side of data parallelism: the process group of a run that a launcher started
-// as several processes, and the few collectives the Trainer needs besides gradient sync (which
-// is c10d::Reducer's job, in trainer/gradient_sync.h): copying rank 0's state to every rank,
-// checking that the ranks agree, summing log values and gathering evaluation rows.
-//
-// The methods that take or return data are collectives: all ranks must call them, in the same
-// order. A failure (a peer that exited, or one that stopped answering for `ddp_timeout`) raises
-// a c10::Error that names this rank and what it was doing.
+// The data-parallel strategy: every process holds the whole model and optimizer, trains on its
+// share of each batch, and c10d::Reducer averages the gradients during backward. The process
+// group and its collectives are `Collectives`; this class decides what the Trainer does with
+// them. Python: `DistributedDataParallel` as HF's Trainer drives it through accelerate.
 
-#include <cstdint>
-#include <exception>
 #include <memory>
-#include <string>
-#include <vector>
 
-#include <c10/core/Device.h>
-#include <torch/nn/module.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
-#include <mantissa/distributed.h>
-#include <mantissa/training_arguments.h>
+#include "trainer/collectives.h"
+#include "trainer/gradient_sync.h"
+#include "trainer/strategy.h"
 
 namespace mantissa::detail {
 
-/// Part of every message of `DataParallel::failure_message`; an error that holds it is not
-/// wrapped again.
-inline constexpr const char* kFailureMark = "Another process of the job";
-
-/// A Trainer's process group and where this process sits in it.
-class DataParallel {
+/// Several processes, each with the whole state; gradients averaged during backward.
+class DataParallel final : public Strategy {
  public:
-  /// Joins the job the launcher's variables describe when they describe more than one process
-  /// (`WORLD_SIZE` > 1); returns null for a lone process. The backend is
-  /// `args.resolved_ddp_backend(device)`; nccl needs a CUDA `device`, which becomes this
-  /// process's current device. A process joins once: later Trainers share the group (as
-  /// Python's default process group), and asking for another backend then is an error.
-  /// Python: what accelerate does for HF's `TrainingArguments`.
-  static std::shared_ptr<DataParallel> join_if_launched(const TrainingArguments& args,
-                                                        const c10::Device& device);
+  /// A strategy over the job `collectives` joined, for a Trainer of `args`. Checks that every
+  /// process was given the same arguments (a collective; `is_execution_detail` fields may
+  /// differ).
+  DataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args);
+  ~DataParallel() override;
 
-  DataParallel(distributed::DistributedEnvironment env, std::string backend,
-               c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
-               std::chrono::milliseconds timeout);
+  std::int64_t world_size() const override { return collectives_->world_size(); }
+  std::int64_t rank() const override { return collectives_->rank(); }
+  bool is_main_process() const override { return collectives_->env().is_main_process(); }
+  bool is_local_main_process() const override {
+    return collectives_->env().is_local_main_process();
+  }
+  bool should_save() const override;
+  bool should_log() const override;
+  std::string describe() const override;
 
-  const distributed::DistributedEnvironment& env() const noexcept { return env_; }
-  std::int64_t rank() const noexcept { return env_.rank; }
-  std::int64_t world_size() const noexcept { return env_.world_size; }
-  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const noexcept { return group_; }
-  /// `gloo` or `nccl`.
-  const std::string& backend() const noexcept { return backend_; }
-  /// Where the collectives' tensors live: the CPU for gloo, the CUDA device for nccl.
-  const c10::Device& device() const noexcept { return device_; }
+  std::vector<double> sum(std::vector<double> values) const override;
+  bool all_ok(bool ok) const override { return collectives_->all_ok(ok); }
+  bool passed_everywhere(const std::function<void()>& check) const override;
+  std::string broadcast(const std::string& bytes) const override;
+  void check_same_text(const std::string& value, const std::string& what) const override;
 
-  /// Stops every rank, with an error naming the fields and ranks, when some rank's arguments
-  /// differ from rank 0's in what they compute (where a process writes and how it loads data
-  /// may differ: `is_execution_detail`).
-  void check_same_arguments(const TrainingArguments& args) const;
-  /// Stops every rank when the models' parameters differ in number, name, shape or dtype (what
-  /// DDP's constructor checks with `c10d::verify_params_across_processes`), naming the first
-  /// parameter that differs.
-  void check_same_parameters(const torch::nn::Module& module) const;
-  /// Stops every rank when `value` (a short description, such as the checkpoint resumed) is
-  /// not the same everywhere; `what` names it in the error.
-  void check_same_text(const std::string& value, const std::string& what) const;
-  /// Overwrites every rank's parameters (and buffers when `with_buffers`) with rank 0's, in
-  /// buckets of 250 MiB. Python: DDP's `_sync_module_states`.
-  void broadcast_module_states(torch::nn::Module& module, bool with_buffers) const;
-  /// Overwrites `tensors` with rank 0's, in place.
-  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) const;
-  /// Rank 0's `bytes` on every rank.
-  std::string broadcast_bytes(const std::string& bytes) const;
-
-  /// The sum over ranks of each element of `values` (a copy; `values` is untouched).
-  std::vector<double> sum(std::vector<double> values) const;
-  /// Whether `ok` holds on every rank.
-  bool all_ok(bool ok) const;
-  /// Runs `check` on this rank and returns whether it passed on every rank. Where it raised,
-  /// the error is raised again once every rank has been told, so that no rank waits for one that
-  /// stopped; the ranks where it passed get false and say why themselves.
-  template <typename F>
-  bool passed_everywhere(F&& check) const;
-  /// The ranks where `differs_here` holds, as "1, 3"; empty when it holds on none.
-  std::string differing_ranks(bool differs_here) const;
-  /// Every rank's `rows`, interleaved back into the order of the examples they came from: row
-  /// k of rank r is example `r + k * world_size`, as `distributed_sampler_indices` without
-  /// shuffling hands them out; `num_examples` rows in all. Ranks may hold one row fewer than
-  /// others, and dimension 1 may differ (padded with `padding_value`). Python: accelerate's
-  /// `gather_for_metrics`.
+  /// This rank's `DistributedSampler` share.
+  std::int64_t examples_per_process(std::int64_t num_examples, bool drop_last) const override;
+  /// This rank's share of `DistributedSampler`'s shuffled order (seed + epoch).
+  torch::Tensor epoch_order(std::int64_t num_examples, std::uint64_t seed, std::int64_t epoch,
+                            bool drop_last) const override;
   torch::Tensor gather_rows(const torch::Tensor& rows, std::int64_t num_examples,
-                            double padding_value) const;
-  /// Runs `body`, a collective: an error of the collective itself (`is_collective_failure`)
-  /// becomes a c10::Error that says which rank failed at `what` and what usually causes it
-  /// (another process died or hung for `ddp_timeout`); others pass unchanged.
-  template <typename F>
-  auto guarded(const char* what, F&& body) const -> decltype(body());
+                            double padding_value) const override;
 
-  /// Whether `error` came from the collectives (c10d's own error types, or gloo's and NCCL's
-  /// messages) rather than from the step's own code, and is not one of ours already.
-  static bool is_collective_failure(const std::exception& error);
+  /// DDP's constructor: the same parameters everywhere, rank 0's weights (and buffers with
+  /// `ddp_broadcast_buffers`) copied to every process, then the Reducer's buckets.
+  void prepare_model(torch::nn::Module& module) override;
+  void before_forward(bool sync) override;
+  void before_backward(const torch::Tensor& loss, bool sync) override;
+  bool run_step(const std::function<bool()>& step) const override;
+  std::optional<std::string> cuda_graph_blocker() const override;
+  void copy_scaler_from_rank0(amp::GradScaler& scaler) const override;
 
-  /// The message of `guarded`'s error.
-  std::string failure_message(const char* what, const std::string& cause) const;
+  /// Written together: rank 0 (and each node's first process with `save_on_each_node`) writes
+  /// the files into a shared temporary folder, every process adds `rng_state_<rank>.pth`, the
+  /// writers publish it; they agree after each stage, and a failure anywhere abandons the
+  /// folder and raises on every process.
+  void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
+  void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
 
  private:
-  distributed::DistributedEnvironment env_;
-  std::string backend_;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  c10::Device device_;
-  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Collectives> collectives_;
+  TrainingArguments args_;
+  std::unique_ptr<GradientSync> gradient_sync_;  ///< made by prepare_model
 };
-
-template <typename F>
-bool DataParallel::passed_everywhere(F&& check) const {
-  std::exception_ptr failure;
-  try {
-    check();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  const bool everywhere = all_ok(failure == nullptr);
-  if (failure != nullptr) std::rethrow_exception(failure);
-  return everywhere;
-}
-
-template <typename F>
-auto DataParallel::guarded(const char* what, F&& body) const -> decltype(body()) {
-  try {
-    return body();
-  } catch (const std::exception& error) {  // gloo's own errors are std::runtime_error
-    if (!is_collective_failure(error)) throw;
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-    TORCH_CHECK(false,
-                failure_message(what, c10_error != nullptr ? c10_error->what_without_backtrace()
-                                                           : error.what()));
-  }
-}
 
 }  // namespace mantissa::detail

@@ -20,8 +20,7 @@ bool EagerEngine::train_batch(const Batch& batch, std::int64_t in_group, bool bo
 
 void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients) {
   const auto& plan = parts_.plan;
-  auto* const gradient_sync = parts_.gradient_sync;
-  if (gradient_sync != nullptr) gradient_sync->before_forward(sync_gradients);
+  parts_.strategy.before_forward(sync_gradients);
   torch::Tensor loss;
   {
     amp::Autocast autocast(parts_.device.type(),
@@ -31,7 +30,7 @@ void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group, bo
   }
   // Dividing by 1 changes nothing but costs an op forward and one backward.
   if (in_group > 1) loss = loss / static_cast<double>(in_group);
-  if (gradient_sync != nullptr) gradient_sync->before_backward(loss, sync_gradients);
+  parts_.strategy.before_backward(loss, sync_gradients);
   parts_.scaler.scale(loss).backward();
   parts_.loss_window.add(loss.detach().to(torch::kFloat), parts_.state.global_step);
 }

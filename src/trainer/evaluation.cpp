@@ -91,9 +91,9 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
                          parts.plan.autocast && !full_eval);
 
   const auto n = static_cast<std::int64_t>(dataset.size);
-  const auto* const dp = parts.data_parallel;
-  const auto world = dp != nullptr ? dp->world_size() : 1;
-  const auto rank = dp != nullptr ? dp->rank() : 0;
+  const auto& strategy = parts.strategy;
+  const auto world = strategy.world_size();
+  const auto rank = strategy.rank();
   // This process's examples: every world-th from its rank on, as DistributedSampler deals them
   // without shuffling, but without its padding: evaluation needs no collective per batch, so
   // the shares may differ by one, and no repeated example distorts a batch's mean loss.
@@ -144,10 +144,10 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
   auto& metrics = result.metrics;
   double loss_total = loss_examples > 0 ? loss_sum.item<double>() : 0.0;
   double correct_total = static_cast<double>(correct.item<std::int64_t>());
-  if (dp != nullptr) {
+  {
     // Every process must learn the same answers, including whether all could classify.
     const auto sums =
-        dp->sum({loss_total, loss_examples, correct_total, classification ? 0.0 : 1.0});
+        strategy.sum({loss_total, loss_examples, correct_total, classification ? 0.0 : 1.0});
     loss_total = sums[0];
     loss_examples = sums[1];
     correct_total = sums[2];
@@ -160,13 +160,11 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
     // Labels count only when every batch had them.
     const bool have_labels = !labels_seen.empty() && labels_seen.size() == predictions.size();
     if (have_labels) result.label_ids = concat_padded(labels_seen, -100);
-    if (dp != nullptr) {
-      result.predictions = dp->gather_rows(result.predictions, n, -100);
-      if (dp->all_ok(have_labels)) {
-        result.label_ids = dp->gather_rows(result.label_ids, n, -100);
-      } else {
-        result.label_ids = torch::Tensor();
-      }
+    result.predictions = strategy.gather_rows(result.predictions, n, -100);
+    if (strategy.all_ok(have_labels)) {
+      result.label_ids = strategy.gather_rows(result.label_ids, n, -100);
+    } else {
+      result.label_ids = torch::Tensor();
     }
   }
   if (parts.compute_metrics) {

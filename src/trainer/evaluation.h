@@ -12,7 +12,7 @@
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer_hooks.h>
 
-#include "trainer/data_parallel.h"
+#include "trainer/strategy.h"
 
 namespace mantissa::detail {
 
@@ -29,8 +29,8 @@ struct EvaluationParts {
   const MetricsFn& compute_metrics;
   /// Empty to keep the logits as they are.
   const PreprocessLogitsFn& preprocess_logits;
-  /// Several processes: each evaluates its share and the results are gathered; null alone.
-  const DataParallel* data_parallel = nullptr;
+  /// Each process evaluates its share, and the results are gathered.
+  const Strategy& strategy;
 };
 
 /// What `run_evaluation` returns: the metrics, and the predictions and labels when asked for.

@@ -36,7 +36,7 @@ class Bf16CompressHook final
 
 }  // namespace
 
-GradientSync::GradientSync(const DataParallel& group, torch::nn::Module& module,
+GradientSync::GradientSync(const Collectives& group, torch::nn::Module& module,
                            const TrainingArguments& args)
     : group_(group),
       module_(module),

@@ -10,7 +10,7 @@
 
 #include <torch/nn/module.h>
 
-#include "trainer/data_parallel.h"
+#include "trainer/collectives.h"
 
 namespace c10d {
 class Reducer;
@@ -27,8 +27,8 @@ class GradientSync {
   /// (gradients arrive roughly last layer first), capped at `ddp_bucket_cap_mb`, the first at
   /// 1 MiB, as DDP does; with `ddp_comm_hook` the buckets travel as fp16 (c10d's
   /// FP16CompressCommHook) or bf16. `module`'s parameters must already be rank 0's
-  /// (`DataParallel::broadcast_module_states`).
-  GradientSync(const DataParallel& group, torch::nn::Module& module, const TrainingArguments& args);
+  /// (`Collectives::broadcast_module_states`).
+  GradientSync(const Collectives& group, torch::nn::Module& module, const TrainingArguments& args);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -46,7 +46,7 @@ class GradientSync {
   void before_backward(const torch::Tensor& loss, bool sync);
 
  private:
-  const DataParallel& group_;
+  const Collectives& group_;
   torch::nn::Module& module_;
   bool find_unused_parameters_;
   bool broadcast_buffers_;

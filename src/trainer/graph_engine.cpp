@@ -33,11 +33,8 @@ std::optional<std::string> cuda_graph_blocker(const TrainingArguments& args,
 std::unique_ptr<GraphEngine> make_graph_engine(EagerEngine& eager, const StepParts& parts,
                                                bool optimizer_from_factory) {
   if (!parts.args.cuda_graph()) return nullptr;
-  if (parts.gradient_sync != nullptr) {
-    parts.progress.print(
-        "cuda_graph: off, training eagerly: this run averages gradients across processes, and "
-        "c10d::Reducer does that from autograd hooks and host-side bucket bookkeeping on every "
-        "backward, which a captured graph would not replay");
+  if (auto why = parts.strategy.cuda_graph_blocker()) {
+    parts.progress.print(fmt::format("cuda_graph: off, training eagerly: {}", *why));
     return nullptr;
   }
   if (auto why = cuda_graph_blocker(parts.args, parts.plan, parts.device, parts.fused,

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "checked_math.h"
+
 namespace mantissa::detail {
 namespace {
 
@@ -43,12 +45,6 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
 }  // namespace
 
 bool is_execution_detail(std::string_view field) { return among(kUnreportedFields, field); }
-
-namespace {
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
-
-}  // namespace
 
 ResumePosition resume_position(const TrainerState& state, const RunShape& run) {
   TORCH_INTERNAL_ASSERT(run.batches_per_epoch > 0 && run.updates_per_epoch > 0 &&

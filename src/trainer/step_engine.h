@@ -1,9 +1,9 @@
 #pragma once
 // How the loop runs a micro-batch and an optimizer update: a step engine. The loop decides
 // which batch runs and when to log, evaluate and save; an engine decides how the step
-// executes (eagerly, replayed from a CUDA graph) and owns the state that this needs. Data-
-// parallel gradient sync and new precision modes plug in here, as further engines (or
-// engines composing the eager one, as the CUDA-graph engine does).
+// executes (eagerly, replayed from a CUDA graph) and owns the state that this needs. New
+// precision modes plug in here, as further engines (or engines composing the eager one, as the
+// CUDA-graph engine does); what spans processes is the strategy's, which the engine calls.
 
 #include <cstdint>
 #include <functional>
@@ -21,9 +21,9 @@
 #include <mantissa/precision_plan.h>
 
 #include "trainer/callback_handler.h"
-#include "trainer/gradient_sync.h"
 #include "trainer/loss_window.h"
 #include "trainer/progress.h"
+#include "trainer/strategy.h"
 
 namespace mantissa::detail {
 
@@ -50,9 +50,8 @@ struct StepParts {
   TrainerState& state;
   LossWindow& loss_window;
   Progress& progress;
-  /// Averages the gradients across the processes of a data-parallel run; null for a lone
-  /// process.
-  GradientSync* gradient_sync = nullptr;
+  /// What spans processes: called around each micro-batch's forward and backward.
+  Strategy& strategy;
 };
 
 /// Runs micro-batches and optimizer updates for the training loop. Python: the body of

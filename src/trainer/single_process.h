@@ -1,0 +1,51 @@
+#pragma once
+// The strategy of a lone process: every collective is the value itself, the data order is one
+// shuffle, and the checkpoint is written by this process alone.
+
+#include "trainer/strategy.h"
+
+namespace mantissa::detail {
+
+/// A lone process (a null object: no code path asks whether the run is distributed).
+/// Python: accelerate's single-device state.
+class SingleProcess final : public Strategy {
+ public:
+  std::int64_t world_size() const override { return 1; }
+  std::int64_t rank() const override { return 0; }
+  bool is_main_process() const override { return true; }
+  bool is_local_main_process() const override { return true; }
+  bool should_save() const override { return true; }
+  bool should_log() const override { return true; }
+  std::string describe() const override { return {}; }
+
+  std::vector<double> sum(std::vector<double> values) const override { return values; }
+  bool all_ok(bool ok) const override { return ok; }
+  /// Runs `check`; its error passes unchanged.
+  bool passed_everywhere(const std::function<void()>& check) const override;
+  std::string broadcast(const std::string& bytes) const override { return bytes; }
+  void check_same_text(const std::string&, const std::string&) const override {}
+
+  std::int64_t examples_per_process(std::int64_t num_examples, bool) const override {
+    return num_examples;
+  }
+  /// `torch::randperm(num_examples)` from a CPU generator seeded with `seed + epoch`.
+  torch::Tensor epoch_order(std::int64_t num_examples, std::uint64_t seed, std::int64_t epoch,
+                            bool drop_last) const override;
+  torch::Tensor gather_rows(const torch::Tensor& rows, std::int64_t, double) const override {
+    return rows;
+  }
+
+  void prepare_model(torch::nn::Module&) override {}
+  void before_forward(bool) override {}
+  void before_backward(const torch::Tensor&, bool) override {}
+  bool run_step(const std::function<bool()>& step) const override { return step(); }
+  std::optional<std::string> cuda_graph_blocker() const override { return std::nullopt; }
+  void copy_scaler_from_rank0(amp::GradScaler&) const override {}
+
+  /// `detail::save_checkpoint`.
+  void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
+  /// `detail::load_checkpoint`.
+  void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
+};
+
+}  // namespace mantissa::detail

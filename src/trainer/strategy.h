@@ -1,0 +1,128 @@
+#pragma once
+// What spans processes, behind one interface: where this process sits in the job, the few
+// collectives the loop needs, the data order, the evaluation gather, the gradient sync around
+// the engine's forward and backward, and the checkpoint. The loop, the engines and the
+// evaluation call a Strategy; none of them asks which one it is. Lightning's strategies
+// (SingleDeviceStrategy, DDPStrategy, FSDPStrategy) divide the work the same way.
+//
+// Chosen once, by `make_strategy`, when the Trainer is built:
+//   SingleProcess  a lone process (a null object: every collective is the value itself)
+//   DataParallel   several processes, c10d::Reducer averaging the gradients during backward
+//
+// The methods that take or return data are collectives in a job of several processes: every
+// process calls them, in the same order. One process runs them without communicating.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/training_arguments.h>
+
+#include "trainer/checkpoint.h"
+
+namespace mantissa::detail {
+
+/// What spans processes, for the Trainer, its loop and its engines. Python: what HF's Trainer
+/// asks accelerate (`is_main_process`, `gather_for_metrics`, `reduce`, the DDP wrapper).
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // ---- where this process sits -------------------------------------------------------------
+
+  /// Processes in the job (1 alone).
+  virtual std::int64_t world_size() const = 0;
+  /// This process's rank (0 alone).
+  virtual std::int64_t rank() const = 0;
+  /// Rank 0. Python: `TrainerState.is_world_process_zero`.
+  virtual bool is_main_process() const = 0;
+  /// The first process of its node. Python: `TrainerState.is_local_process_zero`.
+  virtual bool is_local_main_process() const = 0;
+  /// Whether this process writes checkpoints, trainer_log.jsonl and saved models: rank 0, and
+  /// with `save_on_each_node` the first process of every node. Python: `args.should_save`.
+  virtual bool should_save() const = 0;
+  /// Whether this process prints log lines and the progress bar: the first process of every
+  /// node with `log_on_each_node`, else rank 0 alone. Python: `args.should_log`.
+  virtual bool should_log() const = 0;
+  /// What the run's first line adds about the processes: " x 2 processes (gloo, rank 0)", or
+  /// nothing alone.
+  virtual std::string describe() const = 0;
+
+  // ---- collectives -------------------------------------------------------------------------
+
+  /// The sum over the processes of each element of `values`. Syncs (a host read).
+  virtual std::vector<double> sum(std::vector<double> values) const = 0;
+  /// The mean over the processes of each element of `values`: `sum` over `world_size`.
+  std::vector<double> mean(std::vector<double> values) const;
+  /// Whether `ok` holds on every process.
+  virtual bool all_ok(bool ok) const = 0;
+  /// Runs `check` here and returns whether it passed on every process. Where it raised, the
+  /// error is raised again once every process has been told, so no process waits for one that
+  /// stopped; the others get false and say why themselves.
+  virtual bool passed_everywhere(const std::function<void()>& check) const = 0;
+  /// Rank 0's `bytes` on every process.
+  virtual std::string broadcast(const std::string& bytes) const = 0;
+  /// Stops every process, naming the ranks, when `value` is not the same everywhere; `what`
+  /// names it in the error.
+  virtual void check_same_text(const std::string& value, const std::string& what) const = 0;
+
+  // ---- data ----------------------------------------------------------------------------------
+
+  /// Training examples this process visits per epoch of a dataset of `num_examples`.
+  virtual std::int64_t examples_per_process(std::int64_t num_examples, bool drop_last) const = 0;
+  /// This process's examples of `epoch`, in training order, as a CPU int64 tensor: a shuffle
+  /// seeded by `seed + epoch` alone (Python: `RandomSampler` with that generator), this
+  /// rank's share of `DistributedSampler`'s order among several.
+  virtual torch::Tensor epoch_order(std::int64_t num_examples, std::uint64_t seed,
+                                    std::int64_t epoch, bool drop_last) const = 0;
+  /// Every process's evaluation `rows` in the order of the examples they came from (row k of
+  /// rank r is example `r + k * world_size`), `num_examples` rows in all, dimension 1 padded
+  /// with `padding_value` where it differs. Alone: `rows` itself. Python: accelerate's
+  /// `gather_for_metrics`.
+  virtual torch::Tensor gather_rows(const torch::Tensor& rows, std::int64_t num_examples,
+                                    double padding_value) const = 0;
+
+  // ---- the model and its steps ---------------------------------------------------------------
+
+  /// Makes `module` (cast and on its device) ready to train here, before the optimizer and any
+  /// fp32 master copy are made from it: among several processes, checks that every process
+  /// built the same model, copies rank 0's weights everywhere and sets up gradient averaging.
+  /// Python: what `DistributedDataParallel.__init__` does.
+  virtual void prepare_model(torch::nn::Module& module) = 0;
+  /// Before the forward of a micro-batch; `sync`: its backward must leave the gradients agreed
+  /// across the processes (the last micro-batch of an accumulation group).
+  virtual void before_forward(bool sync) = 0;
+  /// Between the forward and the backward of a micro-batch (see `before_forward`).
+  virtual void before_backward(const torch::Tensor& loss, bool sync) = 0;
+  /// Runs one training step (the engine's `train_batch`) and returns its result; a failure of
+  /// the collectives inside it becomes an error that names this process and the likely cause.
+  virtual bool run_step(const std::function<bool()>& step) const = 0;
+  /// Why a CUDA graph cannot capture this strategy's step, or nullopt when it can.
+  virtual std::optional<std::string> cuda_graph_blocker() const = 0;
+  /// Copies rank 0's loss-scaler state to every process, so that every process skips the same
+  /// steps. Nothing alone.
+  virtual void copy_scaler_from_rank0(amp::GradScaler& scaler) const = 0;
+
+  // ---- checkpoints ---------------------------------------------------------------------------
+
+  /// Writes `output_dir/checkpoint-<state.global_step>` atomically: among several processes
+  /// together (the writers write the files, every process adds its random state, and all
+  /// return only once it is published, or raise once it is abandoned everywhere).
+  virtual void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) = 0;
+  /// Restores `parts` from the checkpoint folder `dir`.
+  virtual void load_checkpoint(const std::string& dir, const CheckpointParts& parts) = 0;
+};
+
+/// The strategy the environment asks for: `DataParallel` when a launcher started this process
+/// as one of several (`WORLD_SIZE` > 1; the process joins the job here, a collective), else
+/// `SingleProcess`. The only place that tells them apart.
+std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device);
+
+}  // namespace mantissa::detail

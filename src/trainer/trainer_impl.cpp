@@ -1,0 +1,380 @@
+// Trainer::Impl: construction, setup, resume, evaluation and saving; train() is in
+// trainer_train.cpp, the facade in trainer.cpp.
+#include "trainer/trainer_impl.h"
+
+#include <cmath>
+#include <limits>
+
+#include <c10/util/StringUtil.h>
+#include <fmt/format.h>
+
+#include <mantissa/io/safetensors.h>
+
+#include "io/filesystem.h"
+
+#include "trainer/batch_roles.h"
+#include "trainer/checkpoint.h"
+#include "trainer/evaluation.h"
+#include "trainer/precision_plan.h"
+#include "trainer/reporting.h"
+#include "trainer/resume_check.h"
+
+namespace mantissa {
+namespace {
+
+c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
+  std::optional<c10::ScalarType> dtype;
+  for (const auto& item : module.named_parameters()) {
+    const auto t = item.value().scalar_type();
+    if (!c10::isFloatingType(t)) continue;
+    if (!dtype) dtype = t;
+    TORCH_CHECK_VALUE(*dtype == t, "the model mixes parameter dtypes (", *dtype, " and ", t,
+                      " in '", item.key(),
+                      "'); the Trainer expects one floating dtype for all parameters");
+  }
+  TORCH_CHECK_VALUE(dtype.has_value(), "the model has no floating-point parameters to train");
+  return *dtype;
+}
+
+}  // namespace
+Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward,
+                    TrainingArguments args, BatchSource train, std::optional<BatchSource> eval)
+    : module_(std::move(module)),
+      forward_(std::move(forward)),
+      args_(std::move(args)),
+      train_(std::move(train)),
+      eval_(std::move(eval)),
+      device_(c10::kCPU) {
+  TORCH_CHECK_VALUE(module_ != nullptr, "Trainer: the model is null");
+  args_.validate();
+  device_ = args_.device();
+  strategy_ = detail::make_strategy(args_, device_);
+  mark_process(state_);
+  plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
+  intervals_ = detail::make_interval_policy(args_);
+  // report_to's callbacks come before those the user adds, as in HF.
+  for (auto& callback : detail::make_reporting_callbacks(args_)) {
+    callbacks_.add(std::move(callback));
+  }
+  update_callback_context();
+}
+
+void Trainer::Impl::update_callback_context() {
+  callback_context_.model = module_.get();
+  callback_context_.optimizer = objects_.optimizer.optimizer.get();
+  callback_context_.lr_scheduler = objects_.scheduler.get();
+  callback_context_.scaler = prepared() ? &objects_.scaler : nullptr;
+}
+
+// ---- setup ----------------------------------------------------------------------------------
+
+void Trainer::Impl::prepare() {
+  if (prepared()) return;
+  auto& o = objects_;
+  o.schedule = detail::make_run_schedule(
+      static_cast<std::size_t>(strategy_->examples_per_process(
+          static_cast<std::int64_t>(train_.size), args_.dataloader_drop_last())),
+      args_);
+  if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
+  module_->to(device_);
+  // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
+  strategy_->prepare_model(*module_);
+  if (plan_.weights == WeightsMode::kFp32Masters) {
+    o.masters = std::make_unique<amp::MasterWeights>(module_->parameters());
+  }
+  o.optimizer =
+      detail::make_trainer_optimizer(args_, module_->parameters(), o.masters.get(),
+                                     plan_.low_precision_update, hooks_.optimizer_factory);
+  if (hooks_.optimizer_factory) {
+    // A user's optimizer writes low-precision weights its own way.
+    const auto& groups = o.optimizer.optimizer->param_groups();
+    plan_.low_precision_update =
+        o.optimizer.fused != nullptr
+            ? static_cast<const optim::FusedAdamWOptions&>(groups.front().options())
+                  .low_precision_update()
+            : optim::LowPrecisionUpdate::kNearest;
+  }
+  if (plan_.weights == WeightsMode::kPureLowPrecision &&
+      plan_.low_precision_update == optim::LowPrecisionUpdate::kNearest) {
+    amp::warn_pure_low_precision_once(plan_.param_dtype);
+  }
+  auto& optimizer = *o.optimizer.optimizer;
+  const auto max_steps = o.schedule.max_steps;
+  auto scheduler = hooks_.scheduler_factory
+                       ? hooks_.scheduler_factory(optimizer, max_steps)
+                       : std::make_unique<LrScheduler>(optimizer, args_.lr_scheduler_type().value(),
+                                                       args_.get_warmup_steps(max_steps), max_steps,
+                                                       args_.lr_scheduler_kwargs());
+  TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
+  o.scaler = amp::GradScaler(
+      amp::GradScalerOptions()
+          .enabled(plan_.loss_scaling)
+          .init_scale(args_.init_loss_scale())
+          .growth_interval(args_.loss_scale_window())
+          .hysteresis(args_.hysteresis())
+          .consecutive_hysteresis(args_.consecutive_hysteresis())
+          .min_scale(args_.min_loss_scale())
+          .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
+  o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
+  update_callback_context();
+}
+
+void Trainer::Impl::check_output_dir(bool resuming) const {
+  const auto& dir = args_.output_dir();
+  const bool accepted = strategy_->passed_everywhere([&] {
+    // What this Trainer wrote itself (an evaluate() before train()) does not count.
+    if (!strategy_->should_save() || resuming || metrics_log_.wrote() ||
+        args_.overwrite_output_dir() || !io::is_directory(dir)) {
+      return;
+    }
+    TORCH_CHECK_VALUE(io::list_directory(dir).empty(), "Output directory (", dir,
+                      ") already exists and is not empty. Use --overwrite_output_dir to overcome, "
+                      "or --resume_from_checkpoint latest to continue its run.");
+  });
+  TORCH_CHECK_VALUE(accepted, "rank ", strategy_->rank(),
+                    ": another process refused the output_dir '", dir, "' (see rank 0's error)");
+}
+
+void Trainer::Impl::mark_process(TrainerState& state) const {
+  state.is_world_process_zero = strategy_->is_main_process();
+  state.is_local_process_zero = strategy_->is_local_main_process();
+}
+
+// ---- run state ----------------------------------------------------------------------------
+
+void Trainer::Impl::start_state() {
+  const auto max_steps = objects_.schedule.max_steps;
+  state_ = TrainerState{};
+  mark_process(state_);
+  state_.max_steps = max_steps;
+  state_.logging_steps = TrainingArguments::resolve_steps(args_.logging_steps(), max_steps);
+  state_.eval_steps = TrainingArguments::resolve_steps(args_.resolved_eval_steps(), max_steps);
+  state_.save_steps = TrainingArguments::resolve_steps(args_.save_steps(), max_steps);
+  state_.train_batch_size = args_.per_device_train_batch_size();
+  state_.num_train_epochs = objects_.schedule.num_epochs;
+}
+
+std::optional<std::string> Trainer::Impl::checkpoint_to_resume(
+    const std::optional<std::string>& resume) const {
+  // Every process resolves its own ("latest" looks at its output_dir), then all agree, before
+  // any of them starts the collectives of a resume that the others would not run.
+  std::optional<std::string> dir;
+  const bool found = strategy_->passed_everywhere([&] {
+    if (resume) dir = detail::resolve_checkpoint(*resume, args_.output_dir());
+  });
+  TORCH_CHECK_VALUE(found, "rank ", strategy_->rank(),
+                    ": another process cannot find the checkpoint to resume from (see its error)");
+  strategy_->check_same_text(dir.value_or("(none: a fresh start)"),
+                             "the checkpoint to resume from");
+  return dir;
+}
+
+void Trainer::Impl::load_for_resume(const std::string& dir) {
+  // A run of another size: its position within an epoch means other batches here, so the
+  // run continues at its global_step placed as HF places it (whole epochs of this run's size).
+  const bool other_world_size = io::is_directory(dir) && detail::saved_process_count(dir) > 0 &&
+                                detail::saved_process_count(dir) != strategy_->world_size();
+  if (other_world_size) {
+    const auto saved_processes = detail::saved_process_count(dir);
+    if (state_.is_world_process_zero) {
+      TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
+                 " process(es) saved, with ", strategy_->world_size(),
+                 " process(es): the examples each step sees (and the random states) now differ "
+                 "from those of an uninterrupted run");
+    }
+  }
+  if (const auto saved = detail::load_checkpoint_arguments(dir)) {
+    const auto changes = detail::compare_resumed_arguments(args_, *saved);
+    TORCH_CHECK_VALUE(changes.errors.empty(), "cannot resume from '", dir,
+                      "': ", c10::Join("; ", changes.errors),
+                      ". Resume with the saved values, or start a new run in another output_dir.");
+    if (!changes.warnings.empty()) {
+      TORCH_WARN("resuming from '", dir,
+                 "' with arguments that differ from its training_args.json: ",
+                 c10::Join("; ", changes.warnings));
+    }
+  }
+  const TrainerState fresh = state_;
+  auto parts = checkpoint_parts();
+  parts.check_state = [this, other_world_size](TrainerState saved) {
+    if (other_world_size) saved.steps_in_epoch = 0;
+    detail::resume_position(saved, objects_.schedule.run_shape());
+  };
+  strategy_->load_checkpoint(dir, parts);
+  if (other_world_size) state_.steps_in_epoch = 0;
+  mark_process(state_);
+  // What the interrupted run logged past its checkpoint is logged again from here.
+  if (strategy_->should_save()) metrics_log_.drop_after(state_.global_step);
+  state_.max_steps = fresh.max_steps;
+  state_.logging_steps = fresh.logging_steps;
+  state_.eval_steps = fresh.eval_steps;
+  state_.save_steps = fresh.save_steps;
+  state_.train_batch_size = fresh.train_batch_size;
+  state_.num_train_epochs = fresh.num_train_epochs;
+}
+
+detail::CheckpointParts Trainer::Impl::checkpoint_parts() {
+  detail::CheckpointParts parts;
+  parts.model = module_.get();
+  parts.masters = objects_.masters.get();
+  parts.optimizer = objects_.optimizer.optimizer.get();
+  parts.scheduler = objects_.scheduler.get();
+  parts.scaler = &objects_.scaler;
+  parts.state = &state_;
+  parts.args = &args_;
+  parts.process_index = strategy_->rank();
+  parts.num_processes = strategy_->world_size();
+  return parts;
+}
+
+torch::Tensor Trainer::Impl::compute_loss(const Batch& batch) {
+  if (hooks_.compute_loss) return hooks_.compute_loss(batch).first;
+  return detail::required_default_loss(args_, forward_(batch), batch);
+}
+
+detail::StepParts Trainer::Impl::step_parts(detail::LossWindow& loss_window) {
+  return detail::StepParts{args_,
+                           plan_,
+                           device_,
+                           *module_,
+                           [this](const Batch& batch) { return compute_loss(batch); },
+                           objects_.masters.get(),
+                           *objects_.optimizer.optimizer,
+                           objects_.optimizer.fused,
+                           objects_.optimizer.params,
+                           *objects_.scheduler,
+                           objects_.scaler,
+                           callbacks_,
+                           state_,
+                           loss_window,
+                           *progress_,
+                           *strategy_};
+}
+// ---- logging, evaluation, saving ------------------------------------------------------------
+
+void Trainer::Impl::log(LogEntry logs) {
+  logs["epoch"] = state_.epoch;
+  LogEntry with_step = logs;
+  with_step["step"] = static_cast<double>(state_.global_step);
+  state_.log_history.push_back(with_step);
+  if (strategy_->should_log()) progress_->print(detail::format_log(logs));
+  if (strategy_->should_save()) metrics_log_.append(with_step);
+  callbacks_.fire(&TrainerCallback::on_log, logs);
+}
+
+detail::EvaluationParts Trainer::Impl::evaluation_parts() {
+  return {args_,
+          plan_,
+          device_,
+          *module_,
+          forward_,
+          hooks_.compute_loss,
+          hooks_.compute_metrics,
+          hooks_.preprocess_logits,
+          *strategy_};
+}
+
+LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& prefix,
+                                 bool during_train) {
+  if (dataset == nullptr) {
+    TORCH_CHECK_VALUE(eval_.has_value(),
+                      "Trainer: evaluation requires an eval_dataset (give one to the Trainer's "
+                      "constructor, or to evaluate())");
+    dataset = &*eval_;
+  }
+  const auto metrics = detail::run_evaluation(evaluation_parts(), *dataset, prefix, during_train,
+                                              /*keep_predictions=*/false)
+                           .metrics;
+  if (during_train && update_best_metric(metrics)) best_unsaved_ = true;
+  log(metrics);
+  callbacks_.fire(&TrainerCallback::on_evaluate, metrics);
+  return metrics;
+}
+
+PredictionOutput Trainer::Impl::predict(const BatchSource& dataset, const std::string& prefix) {
+  auto result = detail::run_evaluation(evaluation_parts(), dataset, prefix, /*during_train=*/false,
+                                       /*keep_predictions=*/true);
+  callbacks_.fire(&TrainerCallback::on_predict, result.metrics);
+  return PredictionOutput{std::move(result.predictions), std::move(result.label_ids),
+                          std::move(result.metrics)};
+}
+
+bool Trainer::Impl::update_best_metric(const LogEntry& metrics) {
+  const auto metric = args_.resolved_metric_for_best_model();
+  const auto it = metrics.find(metric);
+  if (it == metrics.end()) {
+    std::vector<std::string> names;
+    for (const auto& entry : metrics) names.push_back(entry.first);
+    TORCH_CHECK_VALUE(false, "metric_for_best_model is '", metric,
+                      "', but the evaluation reported no such metric; it reported ",
+                      c10::Join(", ", names),
+                      ". Set metric_for_best_model to one of them, or add it in compute_metrics.");
+  }
+  const double value = it->second;
+  if (!std::isfinite(value)) return false;  // a nan or inf evaluation never ranks best
+  const bool greater = args_.resolved_greater_is_better();
+  if (state_.best_metric &&
+      !(greater ? value > *state_.best_metric : value < *state_.best_metric)) {
+    return false;
+  }
+  state_.best_metric = value;
+  state_.best_global_step = state_.global_step;
+  return true;
+}
+
+void Trainer::Impl::load_best_model() {
+  const auto& dir = *state_.best_model_checkpoint;
+  progress_->print(fmt::format(
+      "mantissa: loading the best model from {} ({} {})", dir,
+      args_.resolved_metric_for_best_model(),
+      state_.best_metric ? fmt::format("{:g}", *state_.best_metric) : std::string("unknown")));
+  detail::load_checkpoint_weights(dir, *module_, objects_.masters.get());
+}
+
+void Trainer::Impl::save_checkpoint() {
+  // A checkpoint that holds the best evaluation so far names itself in its own
+  // trainer_state.json, as HF's do; a failed save leaves the state as it was.
+  const auto previous_best = state_.best_model_checkpoint;
+  if (best_unsaved_) {
+    state_.best_model_checkpoint =
+        io::join_path(args_.output_dir(), detail::checkpoint_name(state_.global_step));
+  }
+  try {
+    strategy_->save_checkpoint(args_.output_dir(), checkpoint_parts());
+  } catch (...) {
+    state_.best_model_checkpoint = previous_best;
+    throw;
+  }
+  best_unsaved_ = false;
+  if (args_.save_total_limit() && strategy_->should_save()) {
+    detail::rotate_checkpoints(args_.output_dir(), *args_.save_total_limit(),
+                               state_.best_model_checkpoint);
+  }
+  callbacks_.fire(&TrainerCallback::on_save);
+}
+
+void Trainer::Impl::add_optimizer_values(LogEntry& logs) const {
+  logs["learning_rate"] = objects_.scheduler->get_last_lr().at(0);
+  if (plan_.loss_scaling) {
+    logs["loss_scale"] = objects_.scaler.get_scale();
+    logs["skipped_steps"] = static_cast<double>(state_.skipped_steps);
+  }
+}
+
+void Trainer::Impl::finish_training() {
+  if (args_.load_best_model_at_end() && state_.best_model_checkpoint) load_best_model();
+  if (state_.best_model_checkpoint && args_.save_total_limit() == 1 && strategy_->should_save()) {
+    // HF: with a limit of one, the run ends with the best checkpoint alone.
+    detail::rotate_checkpoints(args_.output_dir(), 1, state_.best_model_checkpoint,
+                               /*keep_latest=*/false);
+  }
+}
+
+void Trainer::Impl::save_model(const std::string& dir) const {
+  if (!strategy_->should_save()) return;  // HF: only the processes that save write the model
+  io::create_directories(dir);
+  io::save_module_safetensors(io::join_path(dir, "model.safetensors"), *module_);
+  args_.save_json(io::join_path(dir, "training_args.json"));
+}
+
+}  // namespace mantissa

@@ -1,0 +1,69 @@
+// Trainer::train(): the run set up (resume, precision guards, the start line), a step engine
+// and the training loop wired together over this Trainer's objects.
+#include <optional>
+#include <utility>
+
+#include <fmt/format.h>
+#include <torch/utils.h>
+
+#include <mantissa/amp/tf32_guard.h>
+
+#include "scoped_value.h"
+#include "trainer/eager_engine.h"
+#include "trainer/graph_engine.h"
+#include "trainer/trainer_impl.h"
+#include "trainer/training_loop.h"
+
+namespace mantissa {
+
+TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
+  if (!resume && args_.resume_from_checkpoint()) resume = *args_.resume_from_checkpoint();
+  check_output_dir(resume.has_value());
+  prepare();
+  std::optional<amp::Tf32Guard> tf32;
+  if (plan_.tf32) tf32.emplace(*plan_.tf32);
+
+  torch::manual_seed(static_cast<std::uint64_t>(args_.seed()));
+  start_state();
+  if (const auto dir = checkpoint_to_resume(resume)) load_for_resume(*dir);
+  strategy_->copy_scaler_from_rank0(objects_.scaler);
+  const auto max_steps = objects_.schedule.max_steps;
+  detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()),
+                            /*prints=*/strategy_->should_log());
+  const detail::ScopedValue<detail::Progress*> use_progress(progress_, &progress);
+  progress.print(fmt::format(
+      "mantissa: {} on {}; {} examples, {} epochs, {} optimizer steps of batch {}{} x {} "
+      "accumulation{}",
+      plan_.describe(), device_.str(), train_.size, objects_.schedule.num_epochs, max_steps,
+      args_.per_device_train_batch_size(), strategy_->describe(),
+      args_.gradient_accumulation_steps(),
+      resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
+
+  detail::LossWindow loss_window(device_, args_.logging_nan_inf_filter());
+  detail::EagerEngine eager(step_parts(loss_window));
+  // cuda_graph: the only place the graph engine is made; null when not asked for or blocked.
+  const auto graph =
+      detail::make_graph_engine(eager, step_parts(loss_window),
+                                /*optimizer_from_factory=*/hooks_.optimizer_factory != nullptr);
+  detail::StepEngine& engine = graph ? static_cast<detail::StepEngine&>(*graph) : eager;
+
+  detail::LoopActions actions;
+  actions.log = [this](LogEntry logs) { log(std::move(logs)); };
+  if (eval_) {
+    actions.evaluate = [this] {
+      evaluate(nullptr, "eval", /*during_train=*/true);
+      return best_unsaved_;
+    };
+  }
+  actions.save_checkpoint = [this] { save_checkpoint(); };
+  actions.add_optimizer_values = [this](LogEntry& logs) { add_optimizer_values(logs); };
+  actions.finish = [this] { finish_training(); };
+  module_->train();
+  detail::TrainingLoop loop({args_, objects_.schedule, intervals_, train_, device_, *strategy_,
+                             engine, callbacks_, state_, control_, loss_window, progress,
+                             std::move(actions)});
+  const auto result = loop.run();
+  return TrainOutput{state_.global_step, result.training_loss, result.metrics};
+}
+
+}  // namespace mantissa
