@@ -267,8 +267,10 @@ TEST(TrainingLoopTest, ResumesInsideAnEpochWithoutRepeatingItsBatches) {
 
 TEST(TrainingLoopTest, ACheckpointAtMaxStepsTrainsNothingButEndsTheRun) {
   LoopHarness h(loop_args(), 3);
+  // Saved at the end of the only epoch.
   h.state.global_step = 3;
   h.state.steps_in_epoch = 3;
+  h.state.epoch = 1.0;
   const auto result = h.run();
   EXPECT_TRUE(h.only("batch").empty());
   EXPECT_THAT(h.events,
