@@ -1,0 +1,637 @@
+// The pieces of ZeRO-2 (src/trainer/sharded/) across real processes joined over Gloo on
+// 127.0.0.1, each result compared with one process running mantissa's FusedAdamW on the whole
+// batch. One executable plays every part:
+//
+//   sharded_check check <scenario> [--deadline-s S]
+//     the launcher: starts the ranks of each phase of the scenario (RANK, WORLD_SIZE, ... as
+//     torchrun sets them, a free port), kills them at the deadline, and prints "check: PASSED"
+//     when every rank of every phase exited 0. Scenarios:
+//       fp32            2 ranks, fp32, accumulation over 2 micro-batches, clipping by the global
+//                       norm: weights within 1e-6 relative, the gathered state equal to the one
+//                       process's, 1/N of its state bytes, reduce-scatters launched in backward
+//       bf16_masters    2 ranks, bf16 model with fp32 master shards
+//       fp16_scaler     2 ranks, fp16 model, masters, GradScaler; rank 0 injects an inf into one
+//                       gradient element that lies in rank 1's shard: both ranks must skip
+//       pure_bf16_kahan 2 ranks, bf16 without masters, Kahan-compensated updates
+//       reshard         2 ranks train 6 steps and save the full state at step 3; then 2 ranks
+//                       resume it (bitwise equal to the run that did not stop), 3 ranks and 1
+//                       rank resume it (equal to one process resuming the same files)
+//       bad_state       rank 0 is handed a state for another model: every rank stops with an
+//                       error naming the cause (rank 0) or pointing to rank 0 (the others)
+//   sharded_check rank <scenario> --phase P --dir D
+//     one rank of one phase.
+//
+// Exit status: 0 when everything came out as expected.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/clip_grad.h>
+#include <mantissa/distributed.h>
+#include <mantissa/optim/fused_adamw.h>
+
+#include "multiprocess.h"
+#include "trainer/sharded/flat_parameters.h"
+#include "trainer/sharded/full_state.h"
+#include "trainer/sharded/gradient_reduce_scatter.h"
+#include "trainer/sharded/sharded_adamw.h"
+
+namespace {
+
+namespace dist = mantissa::distributed;
+namespace sh = mantissa::detail::sharded;
+using mantissa::amp::GradScaler;
+using mantissa::amp::GradScalerOptions;
+using mantissa::amp::MasterWeights;
+using mantissa::optim::FusedAdamW;
+using mantissa::optim::FusedAdamWOptions;
+using mantissa::optim::LowPrecisionUpdate;
+
+constexpr std::int64_t kBatch = 12;  // rows per micro-batch over all ranks: splits for 1, 2, 3
+constexpr std::int64_t kMicroBatches = 2;
+constexpr std::int64_t kBucketCapBytes = 1024;  // several buckets from a small model
+constexpr double kLr = 1e-2;
+
+// How a scenario trains: the model's dtype, masters, the update rule, loss scaling, clipping.
+struct Mode {
+  c10::ScalarType dtype = torch::kFloat;
+  bool masters = false;
+  LowPrecisionUpdate rule = LowPrecisionUpdate::kNearest;
+  bool scaler = false;
+  double max_grad_norm = 0;
+  std::int64_t inf_step = -1;  // the step whose gradients get an inf (rank 0 only, sharded)
+};
+
+Mode mode_of(const std::string& scenario) {
+  Mode m;
+  if (scenario == "fp32" || scenario == "reshard" || scenario == "bad_state") {
+    m.max_grad_norm = 0.05;  // small enough that clipping acts on every step
+  } else if (scenario == "bf16_masters") {
+    m.dtype = torch::kBFloat16;
+    m.masters = true;
+    m.max_grad_norm = 0.05;
+  } else if (scenario == "fp16_scaler") {
+    m.dtype = torch::kHalf;
+    m.masters = true;
+    m.scaler = true;
+    m.inf_step = 2;
+  } else if (scenario == "pure_bf16_kahan") {
+    m.dtype = torch::kBFloat16;
+    m.rule = LowPrecisionUpdate::kKahan;
+  } else {
+    throw std::invalid_argument("unknown scenario '" + scenario + "'");
+  }
+  return m;
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    torch::manual_seed(7);
+    fc1 = register_module("fc1", torch::nn::Linear(12, 40));
+    fc2 = register_module("fc2", torch::nn::Linear(40, 24));
+    fc3 = register_module("fc3", torch::nn::Linear(24, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Net);
+
+// HF's weight-decay groups: matrices decay, biases do not.
+std::vector<std::vector<torch::Tensor>> groups_of(const std::vector<torch::Tensor>& params) {
+  std::vector<std::vector<torch::Tensor>> groups(2);
+  for (const auto& p : params) groups[p.dim() >= 2 ? 0 : 1].push_back(p);
+  return groups;
+}
+
+std::vector<FusedAdamWOptions> group_options(const Mode& mode) {
+  FusedAdamWOptions decay(kLr);
+  decay.weight_decay(0.1).low_precision_update(mode.rule);
+  FusedAdamWOptions no_decay = decay;
+  no_decay.weight_decay(0.0);
+  return {decay, no_decay};
+}
+
+// Micro-batch `micro` of step `step`: the same rows on every process.
+std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t step, std::int64_t micro) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step * 10 + micro);
+  auto x = at::randn({kBatch, 12}, gen);
+  auto y = at::randn({kBatch, 5}, gen);
+  return {x, y};
+}
+
+torch::Tensor loss_on(Net& net, const torch::Tensor& x, const torch::Tensor& y,
+                      c10::ScalarType dtype) {
+  return torch::mse_loss(net->forward(x.to(dtype)).to(torch::kFloat), y);
+}
+
+// The largest difference relative to the largest magnitude of `want`.
+double rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto g = got.detach().to(torch::kDouble).cpu();
+  const auto w = want.detach().to(torch::kDouble).cpu();
+  const double scale = std::max(w.abs().max().item<double>(), 1e-30);
+  return (g - w).abs().max().item<double>() / scale;
+}
+
+// Every check prints what it compared, so a failure shows the numbers.
+struct Report {
+  std::int64_t rank;
+  bool ok = true;
+  void expect(bool pass, const std::string& what) {
+    std::cout << "rank " << rank << ": " << (pass ? "ok   " : "FAIL ") << what << std::endl;
+    ok &= pass;
+  }
+  void within(double got, double tol, const std::string& what) {
+    expect(got <= tol, what + ": " + std::to_string(got) + " (limit " + std::to_string(tol) + ")");
+  }
+};
+
+// ---- one process, the whole batch: the reference ---------------------------------------
+
+struct SingleProcess {
+  Mode mode;
+  Net net;
+  std::unique_ptr<MasterWeights> masters;
+  std::unique_ptr<FusedAdamW> optimizer;
+  std::unique_ptr<GradScaler> scaler;
+  std::vector<torch::Tensor> opt_tensors;  // what the optimizer updates, in net->parameters order
+  std::vector<double> norms;
+
+  explicit SingleProcess(const Mode& m) : mode(m) {
+    net->to(mode.dtype);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    const auto options = group_options(mode);
+    if (mode.masters) masters = std::make_unique<MasterWeights>(net->parameters());
+    const auto model_groups = groups_of(net->parameters());
+    for (std::size_t g = 0; g < model_groups.size(); ++g) {
+      auto tensors = masters ? masters->masters_for(model_groups[g]) : model_groups[g];
+      groups.emplace_back(tensors, std::make_unique<FusedAdamWOptions>(options[g]));
+    }
+    optimizer = std::make_unique<FusedAdamW>(std::move(groups));
+    if (masters) optimizer->link_model_params(*masters);
+    opt_tensors = masters ? masters->master_params() : net->parameters();
+    if (mode.scaler) scaler = std::make_unique<GradScaler>(GradScalerOptions().init_scale(1024.));
+  }
+
+  // The tensor the optimizer updates in place of parameter `p`.
+  torch::Tensor tensor_of(const torch::Tensor& p) const {
+    return masters ? masters->master_of(p) : p;
+  }
+
+  void step(std::int64_t s, const std::function<torch::Tensor(torch::Tensor)>& inject) {
+    for (std::int64_t m = 0; m < kMicroBatches; ++m) {
+      auto [x, y] = batch(s, m);
+      auto loss = loss_on(net, x, y, mode.dtype) / double(kMicroBatches);
+      if (m == kMicroBatches - 1 && s == mode.inf_step) loss = inject(loss);
+      (scaler ? scaler->scale(loss) : loss).backward();
+    }
+    if (masters) masters->copy_grads_to_masters();
+    if (scaler) scaler->unscale_(*optimizer);
+    if (mode.max_grad_norm > 0) {
+      norms.push_back(mantissa::clip_grad_norm_(opt_tensors, mode.max_grad_norm).item<double>());
+    }
+    if (scaler) {
+      scaler->step(*optimizer);
+      scaler->update();
+    } else {
+      optimizer->step();
+    }
+    optimizer->zero_grad();
+    net->zero_grad();
+    if (masters) masters->zero_grad();
+  }
+};
+
+// ---- the sharded run ---------------------------------------------------------------------
+
+struct Sharded {
+  Mode mode;
+  dist::DistributedEnvironment env;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  Net net;
+  std::unique_ptr<sh::FlatParameters> flat;
+  std::unique_ptr<sh::GradientReduceScatter> grads;
+  std::unique_ptr<sh::ShardedAdamW> shards;
+  std::unique_ptr<GradScaler> scaler;
+  std::vector<double> norms;
+  std::vector<std::size_t> overlapped;
+
+  Sharded(const Mode& m, dist::DistributedEnvironment e, c10::intrusive_ptr<c10d::ProcessGroup> g,
+          const std::vector<torch::Tensor>* start_weights = nullptr)
+      : mode(m), env(std::move(e)), group(std::move(g)) {
+    net->to(mode.dtype);
+    if (start_weights != nullptr) {
+      torch::NoGradGuard no_grad;
+      auto params = net->parameters();
+      for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_((*start_weights)[i]);
+    }
+    flat = std::make_unique<sh::FlatParameters>(groups_of(net->parameters()), env.rank,
+                                                env.world_size, kBucketCapBytes);
+    grads = std::make_unique<sh::GradientReduceScatter>(*flat, group);
+    shards =
+        std::make_unique<sh::ShardedAdamW>(*flat, *grads, group_options(mode), mode.masters, group);
+    if (mode.scaler) {
+      scaler = std::make_unique<GradScaler>(GradScalerOptions().init_scale(1024.));
+      scaler->set_found_inf_reduction([this](at::Tensor& f) { shards->agree_found_inf_(f); });
+    }
+  }
+
+  void step(std::int64_t s, const std::function<torch::Tensor(torch::Tensor)>& inject) {
+    const std::int64_t rows = kBatch / env.world_size;
+    for (std::int64_t m = 0; m < kMicroBatches; ++m) {
+      auto [x, y] = batch(s, m);
+      x = x.narrow(0, env.rank * rows, rows);
+      y = y.narrow(0, env.rank * rows, rows);
+      grads->prepare_for_backward(m == kMicroBatches - 1);
+      auto loss = loss_on(net, x, y, mode.dtype) / double(kMicroBatches);
+      if (m == kMicroBatches - 1 && s == mode.inf_step && env.rank == 0) loss = inject(loss);
+      (scaler ? scaler->scale(loss) : loss).backward();
+    }
+    grads->finish_backward();
+    overlapped.push_back(grads->launched_in_backward());
+    shards->prepare_grads();
+    if (scaler) scaler->unscale_(shards->optimizer());
+    if (mode.max_grad_norm > 0) {
+      norms.push_back(shards->clip_grad_norm_(mode.max_grad_norm).item<double>());
+    }
+    if (scaler) {
+      scaler->step(shards->optimizer());
+      scaler->update();
+    } else {
+      shards->optimizer().step();
+    }
+    shards->all_gather_params();
+    shards->zero_grad();
+  }
+};
+
+// A gradient element in rank 1's shard (not rank 0's), as (parameter index, element index).
+std::pair<std::size_t, std::int64_t> element_outside_rank0(const sh::FlatParameters& flat) {
+  for (const auto& bucket : flat.layout().buckets) {
+    for (const auto& slot : bucket.slots) {
+      if (bucket.piece(slot, 0)) continue;
+      if (auto piece = bucket.piece(slot, 1)) return {slot.param, piece->param_offset};
+    }
+  }
+  throw std::runtime_error("no parameter lies only in rank 1's shard");
+}
+
+// The parameter index in net->parameters() order of flat param `i`.
+std::size_t net_index(Net& net, const torch::Tensor& p) {
+  const auto params = net->parameters();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (params[k].is_same(p)) return k;
+  }
+  throw std::runtime_error("not a parameter of the net");
+}
+
+// ---- scenarios -----------------------------------------------------------------------------
+
+int compare_run(const std::string& scenario, Report& report) {
+  const auto mode = mode_of(scenario);
+  const auto env = dist::DistributedEnvironment::from_env();
+  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(60));
+  Sharded run(mode, env, group);
+  SingleProcess ref(mode);
+  const std::int64_t steps = 5;
+
+  // The element that gets the inf: found through the sharded layout, used by both runs.
+  std::function<torch::Tensor(torch::Tensor)> inject_sharded, inject_ref;
+  if (mode.inf_step >= 0) {
+    const auto [param, element] = element_outside_rank0(*run.flat);
+    const auto k = net_index(run.net, run.flat->params()[param]);
+    const auto inf = std::numeric_limits<double>::infinity();
+    inject_sharded = [&run, k, element, inf](torch::Tensor loss) {
+      return loss + run.net->parameters()[k].reshape({-1})[element].to(torch::kFloat) * inf;
+    };
+    inject_ref = [&ref, k, element, inf](torch::Tensor loss) {
+      return loss + ref.net->parameters()[k].reshape({-1})[element].to(torch::kFloat) * inf;
+    };
+  }
+  std::vector<torch::Tensor> before_inf;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    if (s == mode.inf_step) {
+      for (const auto& p : run.net->parameters()) before_inf.push_back(p.detach().clone());
+    }
+    run.step(s, inject_sharded);
+    ref.step(s, inject_ref);
+    if (s == mode.inf_step) {
+      const auto params = run.net->parameters();
+      bool same = true;
+      for (std::size_t i = 0; i < params.size(); ++i)
+        same &= torch::equal(params[i], before_inf[i]);
+      report.expect(same, "the step with an inf in rank 1's shard was skipped on this rank too");
+    }
+  }
+
+  // Weights: fp32 within 1e-6; low precision within what its rounding allows.
+  const bool fp32 = mode.dtype == torch::kFloat;
+  const double weight_tol = fp32 ? 1e-6 : 2e-2;
+  const auto got = run.net->parameters();
+  const auto want = ref.net->parameters();
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, rel_diff(got[i], want[i]));
+  report.within(worst, weight_tol, "weights against one process, largest relative difference");
+
+  // Every rank must hold the same weights (all-gathered from the same shards).
+  for (const auto& p : got) {
+    auto copy = p.detach().to(torch::kFloat).clone();
+    std::vector<torch::Tensor> t{copy};
+    group->broadcast(t)->wait();
+    if (!torch::equal(copy, p.detach().to(torch::kFloat))) {
+      report.expect(false, "weights equal to rank 0's");
+      break;
+    }
+  }
+
+  if (mode.max_grad_norm > 0) {
+    double norm_diff = 0;
+    for (std::size_t s = 0; s < run.norms.size(); ++s) {
+      norm_diff = std::max(norm_diff, std::abs(run.norms[s] - ref.norms[s]) / ref.norms[s]);
+    }
+    report.within(norm_diff, fp32 ? 1e-5 : 2e-2,
+                  "global gradient norm from the shards against one process's");
+  }
+  if (run.scaler) {
+    report.expect(
+        run.scaler->get_scale() == ref.scaler->get_scale(),
+        "loss scale " + std::to_string(run.scaler->get_scale()) + " equal to one process's");
+    report.expect(run.scaler->skipped_steps() == 1, "exactly one step skipped");
+  }
+  const std::size_t buckets = run.flat->layout().buckets.size();
+  report.expect(buckets >= 3, std::to_string(buckets) + " buckets");
+  report.expect(run.overlapped.back() == buckets,
+                std::to_string(run.overlapped.back()) +
+                    " reduce-scatters launched from the backward hooks, out of " +
+                    std::to_string(buckets));
+
+  // The gathered state: what the one process holds, in the same layout.
+  const auto full = sh::gather_full_state(*run.shards);
+  if (env.rank == 0) {
+    std::vector<torch::Tensor> ref_tensors;
+    for (const auto& p : run.flat->params()) {
+      ref_tensors.push_back(ref.tensor_of(ref.net->parameters()[net_index(run.net, p)]));
+    }
+    const auto want_state = sh::state_of(*ref.optimizer, ref_tensors);
+    report.expect(full.step.item<double>() == want_state.step.item<double>(),
+                  "gathered step " + std::to_string(full.step.item<double>()));
+    double m1 = 0, m2 = 0, masters = 0;
+    for (std::size_t i = 0; i < ref_tensors.size(); ++i) {
+      report.expect(full.exp_avg[i].sizes() == ref_tensors[i].sizes(),
+                    "exp_avg of parameter " + std::to_string(i) + " in its parameter's shape");
+      m1 = std::max(m1, rel_diff(full.exp_avg[i], want_state.exp_avg[i]));
+      m2 = std::max(m2, rel_diff(full.exp_avg_sq[i], want_state.exp_avg_sq[i]));
+      if (mode.masters) masters = std::max(masters, rel_diff(full.masters[i], ref_tensors[i]));
+    }
+    const double state_tol = fp32 ? 1e-5 : 5e-2;
+    report.within(m1, state_tol, "gathered exp_avg against one process's");
+    report.within(m2, state_tol, "gathered exp_avg_sq against one process's");
+    if (mode.masters) report.within(masters, 2e-3, "gathered masters against one process's");
+    if (mode.rule == LowPrecisionUpdate::kKahan) {
+      report.expect(full.kahan_comp.size() == ref_tensors.size() && full.kahan_comp[0].defined(),
+                    "gathered kahan_comp for every parameter");
+    }
+  }
+
+  // Memory: this rank's optimizer state against the one process's.
+  const auto single_bytes =
+      sh::fused_adamw_state_bytes(*ref.optimizer) + (ref.masters ? ref.masters->bytes() : 0);
+  const auto sharded_bytes = run.shards->state_bytes();
+  const auto& layout = run.flat->layout();
+  // Every element of the padding costs what an element of a parameter costs; the 0-d steps
+  // are counted once per tensor.
+  std::int64_t numel = 0;
+  for (const auto& p : run.flat->params()) numel += p.numel();
+  const double bytes_per_element = double(single_bytes) / double(numel);
+  const double allowed =
+      bytes_per_element * double(layout.shard_numel()) + 8.0 * double(layout.buckets.size());
+  std::cout << "rank " << env.rank << ": optimizer-state bytes " << sharded_bytes << " sharded, "
+            << single_bytes << " in one process (" << layout.world_size << " ranks, "
+            << layout.padding_numel() << " padding elements)" << std::endl;
+  report.expect(double(sharded_bytes) <= allowed && sharded_bytes < single_bytes,
+                "state bytes per rank at most 1/N of one process's plus padding (" +
+                    std::to_string(sharded_bytes) + " <= " + std::to_string(allowed) + ")");
+  group->barrier()->wait();
+  return report.ok ? 0 : 1;
+}
+
+// Writes what a single-process checkpoint holds: weights, optimizer.pt, masters.pt.
+void save_checkpoint(Sharded& run, const std::filesystem::path& dir) {
+  const auto full = sh::gather_full_state(*run.shards);
+  if (run.env.rank != 0) return;
+  std::filesystem::create_directories(dir);
+  torch::save(run.net->parameters(), (dir / "weights.pt").string());
+  // The one-process objects the state belongs to, built as a one-process run builds them.
+  SingleProcess shape(run.mode);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = shape.net->parameters();
+    const auto ours = run.net->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(ours[i]);
+  }
+  std::vector<torch::Tensor> tensors;
+  for (const auto& p : run.flat->params()) {
+    tensors.push_back(shape.tensor_of(shape.net->parameters()[net_index(run.net, p)]));
+  }
+  if (shape.masters) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (full.masters[i].defined()) tensors[i].copy_(full.masters[i]);
+    }
+    torch::serialize::OutputArchive masters;
+    shape.masters->save(masters);
+    masters.save_to((dir / "masters.pt").string());
+  }
+  sh::put_state(*shape.optimizer, tensors, full);
+  torch::serialize::OutputArchive archive;
+  shape.optimizer->save(archive);
+  archive.save_to((dir / "optimizer.pt").string());
+}
+
+// A one-process run resumed from `dir`, as the Trainer resumes one.
+void load_single(SingleProcess& single, const std::filesystem::path& dir) {
+  std::vector<torch::Tensor> weights;
+  torch::load(weights, (dir / "weights.pt").string());
+  {
+    torch::NoGradGuard no_grad;
+    auto params = single.net->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(weights[i]);
+  }
+  if (single.masters) {
+    torch::serialize::InputArchive masters;
+    masters.load_from((dir / "masters.pt").string());
+    single.masters->load(masters);
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from((dir / "optimizer.pt").string());
+  single.optimizer->load(archive);
+}
+
+int reshard_run(const std::string& scenario, int phase, const std::filesystem::path& dir,
+                Report& report) {
+  const auto mode = mode_of(scenario);
+  const auto env = dist::DistributedEnvironment::from_env();
+  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(60));
+  const std::int64_t save_at = 3, steps = 6;
+  const auto none = std::function<torch::Tensor(torch::Tensor)>();
+  if (phase == 0) {  // train, save at step 3, go on to step 6
+    Sharded run(mode, env, group);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      if (s == save_at) save_checkpoint(run, dir);
+      run.step(s, none);
+    }
+    if (env.rank == 0) torch::save(run.net->parameters(), (dir / "final.pt").string());
+    group->barrier()->wait();
+    return 0;
+  }
+  // Resume at this world size: weights from the file, the state scattered from rank 0.
+  std::vector<torch::Tensor> weights;
+  torch::load(weights, (dir / "weights.pt").string());
+  Sharded run(mode, env, group, &weights);
+  sh::FullOptimizerState state;
+  if (env.rank == 0) {
+    SingleProcess loaded(mode);
+    load_single(loaded, dir);
+    std::vector<torch::Tensor> tensors;
+    for (const auto& p : run.flat->params()) {
+      tensors.push_back(loaded.tensor_of(loaded.net->parameters()[net_index(run.net, p)]));
+    }
+    state = sh::state_of(*loaded.optimizer, tensors);
+    if (loaded.masters) {
+      for (const auto& t : tensors) state.masters.push_back(t.detach().clone());
+    }
+    if (scenario == "bad_state") state.exp_avg[1] = torch::zeros({3, 3});
+  }
+  if (scenario == "bad_state") {
+    try {
+      sh::scatter_full_state(*run.shards, state);
+      report.expect(false, "a state for another model was refused");
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      std::cout << "rank " << env.rank << ": refused: " << what << std::endl;
+      report.expect(what.find(env.rank == 0 ? "exp_avg of parameter 1 has shape" : "rank 0") !=
+                        std::string::npos,
+                    "the error names the cause");
+    }
+    return report.ok ? 0 : 1;
+  }
+  sh::scatter_full_state(*run.shards, state);
+  for (std::int64_t s = save_at; s < steps; ++s) run.step(s, none);
+
+  if (env.world_size == 2) {
+    std::vector<torch::Tensor> final_weights;
+    torch::load(final_weights, (dir / "final.pt").string());
+    const auto params = run.net->parameters();
+    bool same = true;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      same &= torch::equal(params[i], final_weights[i]);
+    report.expect(same, "resumed at the same world size: bitwise equal to the run that went on");
+  }
+  SingleProcess single(mode);
+  load_single(single, dir);
+  for (std::int64_t s = save_at; s < steps; ++s) single.step(s, none);
+  double worst = 0;
+  const auto got = run.net->parameters();
+  const auto want = single.net->parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, rel_diff(got[i], want[i]));
+  report.within(worst, 1e-6,
+                "resumed on " + std::to_string(env.world_size) +
+                    " ranks against one process resuming the same files");
+  group->barrier()->wait();
+  return report.ok ? 0 : 1;
+}
+
+int run_rank(const std::string& scenario, int phase, const std::string& dir) {
+  Report report{std::stoll(std::getenv("RANK") ? std::getenv("RANK") : "0")};
+  at::set_num_threads(1);
+  if (scenario == "reshard" || scenario == "bad_state") {
+    return reshard_run(scenario, phase, dir, report);
+  }
+  return compare_run(scenario, report);
+}
+
+// ---- the launcher ------------------------------------------------------------------------
+
+int launch_phase(const std::string& scenario, int phase, int world_size, const std::string& dir,
+                 int deadline_s) {
+  namespace mt = mantissa::testing;
+  const auto port = mt::free_port();
+  std::cout << "launcher: " << scenario << " phase " << phase << ", " << world_size
+            << " ranks on 127.0.0.1:" << port << std::endl;
+  const auto base = mt::environment_without_launcher_variables();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world_size; ++rank) {
+    auto env = base;
+    for (const auto& kv : mt::rank_variables(rank, world_size, port)) env.push_back(kv);
+    pids.push_back(mt::start_process(
+        "/proc/self/exe",
+        {"sharded_check", "rank", scenario, "--phase", std::to_string(phase), "--dir", dir}, env));
+  }
+  const auto status = mt::wait_for(pids, deadline_s);
+  bool ok = true;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::cout << "launcher: rank " << rank << " exited with " << status[rank] << std::endl;
+    ok &= status[rank] == 0;
+  }
+  return ok ? 0 : 1;
+}
+
+int check(const std::string& scenario, int deadline_s) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("sharded_check_" + scenario + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  bool ok = true;
+  if (scenario == "reshard") {
+    ok = launch_phase(scenario, 0, 2, dir, deadline_s) == 0;
+    for (int world : {2, 3, 1}) ok = ok && launch_phase(scenario, 1, world, dir, deadline_s) == 0;
+  } else if (scenario == "bad_state") {
+    ok = launch_phase(scenario, 0, 2, dir, deadline_s) == 0 &&
+         launch_phase(scenario, 1, 2, dir, deadline_s) == 0;
+  } else {
+    mode_of(scenario);  // an unknown name fails here, before any process starts
+    ok = launch_phase(scenario, 0, 2, dir, deadline_s) == 0;
+  }
+  std::filesystem::remove_all(dir);
+  std::cout << "check: " << (ok ? "PASSED" : "FAILED") << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  auto option = [&](const std::string& name, const std::string& fallback) {
+    for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == name) return args[i + 1];
+    }
+    return fallback;
+  };
+  try {
+    if (args.size() >= 2 && args[0] == "rank") {
+      return run_rank(args[1], std::stoi(option("--phase", "0")), option("--dir", "."));
+    }
+    if (args.size() >= 2 && args[0] == "check") {
+      return check(args[1], std::stoi(option("--deadline-s", "120")));
+    }
+    std::cerr << "usage: sharded_check check <scenario> [--deadline-s S] | rank <scenario> "
+                 "--phase P --dir D"
+              << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 2;
+  }
+}
