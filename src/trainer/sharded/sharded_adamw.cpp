@@ -116,7 +116,7 @@ void ShardedAdamW::agree_found_inf_(at::Tensor& found_inf) {
 }
 
 void ShardedAdamW::all_gather_params() {
-  std::vector<c10d::intrusive_ptr<c10d::Work>> works;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<at::Tensor> inputs;
   at::NoGradGuard no_grad;
   for (std::size_t b = 0; b < shard_params_.size(); ++b) {
