@@ -16,6 +16,8 @@
 //       reshard         2 ranks train 6 steps and save the full state at step 3; then 2 ranks
 //                       resume it (bitwise equal to the run that did not stop), 3 ranks and 1
 //                       rank resume it (equal to one process resuming the same files)
+//       layout          no processes: plan_flat_layout and FlatParameters on their own
+//       rank_killed     rank 1 dies after a step: rank 0's next collective fails, no hang
 //       bad_state       rank 0 is handed a state for another model: every rank stops with an
 //                       error naming the cause (rank 0) or pointing to rank 0 (the others)
 //   sharded_check rank <scenario> --phase P --dir D
@@ -64,6 +66,8 @@ constexpr std::int64_t kBatch = 12;  // rows per micro-batch over all ranks: spl
 constexpr std::int64_t kMicroBatches = 2;
 constexpr std::int64_t kBucketCapBytes = 1024;  // several buckets from a small model
 constexpr double kLr = 1e-2;
+constexpr int kDiedOnPurpose = 3;  // rank_killed: rank 1's exit status
+constexpr int kNoticed = 4;        // rank_killed: rank 0's, once its collective failed
 // Low-precision weights against one process: ||diff|| / ||weights||.
 constexpr double kLowPrecisionWeightTol = 1e-2;
 
@@ -576,19 +580,139 @@ int reshard_run(const std::string& scenario, int phase, const std::string& dir, 
   return report.ok ? 0 : 1;
 }
 
+// The layout alone, in the launcher's process: sizes, order, padding and the shard pieces.
+int check_layout() {
+  Report report{0};
+  const std::vector<sh::ParamSpec> specs = {{100, torch::kFloat, 0},
+                                            {7, torch::kFloat, 1},
+                                            {300, torch::kFloat, 0},
+                                            {5, torch::kBFloat16, 0},
+                                            {64, torch::kFloat, 0}};
+  for (const std::int64_t world : {1, 2, 3, 8}) {
+    const auto layout = sh::plan_flat_layout(specs, world, /*bucket_cap_bytes=*/1200);
+    const std::string at = " (world " + std::to_string(world) + ")";
+    // Reverse order; a new bucket at each change of group or dtype and past the cap.
+    std::vector<std::size_t> order;
+    for (const auto& bucket : layout.buckets) {
+      for (const auto& slot : bucket.slots) order.push_back(slot.param);
+    }
+    report.expect(order == std::vector<std::size_t>({4, 3, 2, 1, 0}),
+                  "parameters in reverse order" + at);
+    report.expect(layout.buckets.size() == 5, std::to_string(layout.buckets.size()) +
+                                                  " buckets: 64 | bf16 5 | 300 (cap) | "
+                                                  "group 1 | 100" +
+                                                  at);
+    std::vector<std::int64_t> covered(specs.size(), 0);
+    bool sizes_ok = true;
+    for (const auto& bucket : layout.buckets) {
+      const auto unit = world * sh::shard_alignment(bucket.dtype);
+      sizes_ok &= bucket.padded_numel % unit == 0 && bucket.padded_numel >= bucket.numel &&
+                  bucket.padded_numel - bucket.numel < unit &&
+                  bucket.shard_numel * world == bucket.padded_numel;
+      for (const auto& slot : bucket.slots) {
+        sizes_ok &=
+            specs[slot.param].group == bucket.group && specs[slot.param].dtype == bucket.dtype;
+        std::int64_t next = 0;  // pieces in rank order tile the parameter
+        for (std::int64_t r = 0; r < world; ++r) {
+          if (auto piece = bucket.piece(slot, r)) {
+            sizes_ok &= piece->param_offset == next && piece->shard_offset >= 0 &&
+                        piece->shard_offset + piece->numel <= bucket.shard_numel;
+            next += piece->numel;
+          }
+        }
+        covered[slot.param] += next;
+      }
+    }
+    report.expect(sizes_ok,
+                  "padding below one unit of world * alignment, shards equal, slots "
+                  "of one group and dtype, pieces tile each parameter" +
+                      at);
+    bool all_covered = true;
+    for (std::size_t i = 0; i < specs.size(); ++i) all_covered &= covered[i] == specs[i].numel;
+    report.expect(all_covered, "every element in exactly one shard" + at);
+    report.expect(layout.where[2] == std::make_pair(std::size_t{2}, std::size_t{0}),
+                  "where[] finds parameter 2 in bucket 2" + at);
+  }
+  const auto refused = [&](const std::function<void()>& f, const std::string& words) {
+    try {
+      f();
+    } catch (const c10::ValueError& e) {
+      const std::string what = e.what_without_backtrace();
+      report.expect(what.find(words) != std::string::npos, "refused: " + what);
+      return;
+    }
+    report.expect(false, "refused (" + words + ")");
+  };
+  refused([&] { sh::plan_flat_layout(specs, 0, 1024); }, "world_size must be >= 1, but it is 0");
+  refused(
+      [&] {
+        sh::plan_flat_layout({{4, torch::kFloat, 0}, {0, torch::kFloat, 0}}, 2, 1024);
+      },
+      "parameter 1 has no elements");
+  refused([&] { sh::plan_flat_layout(specs, 2, 0); }, "bucket_cap_bytes must be >= 1");
+  auto p = torch::zeros({3}, torch::requires_grad());
+  refused(
+      [&] {
+        sh::FlatParameters({{p, p}}, 0, 2, 1024);
+      },
+      "parameter 1 of group 0 is listed twice");
+  refused([&] { sh::FlatParameters({{p}}, 2, 2, 1024); }, "rank must be in [0, world_size)");
+  // The parameter keeps its values and identity, and becomes a view of the buffer.
+  auto a = torch::arange(6, torch::kFloat).reshape({2, 3}).requires_grad_();
+  auto b = torch::full({5}, 7.f).requires_grad_();
+  const auto* a_impl = a.unsafeGetTensorImpl();
+  sh::FlatParameters flat({{a}, {b}}, 1, 2, 1024);
+  report.expect(a.unsafeGetTensorImpl() == a_impl && a.requires_grad() &&
+                    torch::equal(a, torch::arange(6, torch::kFloat).reshape({2, 3})),
+                "a parameter keeps its identity, values and requires_grad");
+  {
+    torch::NoGradGuard no_grad;
+    flat.buffer(flat.layout().where[0].first).fill_(-1);
+  }
+  report.expect(torch::equal(a, torch::full({2, 3}, -1.f)), "the parameter views its buffer");
+  report.expect(flat.shard(0).numel() == flat.layout().buckets[0].shard_numel &&
+                    flat.shard(0).data_ptr<float>() ==
+                        flat.buffer(0).data_ptr<float>() + flat.layout().buckets[0].shard_numel,
+                "rank 1's shard is the second half of the buffer");
+  std::cout << "check: " << (report.ok ? "PASSED" : "FAILED") << std::endl;
+  return report.ok ? 0 : 1;
+}
+
+// Rank 1 dies after its first step; rank 0, in its next collective, must fail, not hang.
+int killed_rank(Report& report) {
+  const auto env = dist::DistributedEnvironment::from_env();
+  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(30));
+  Sharded run(mode_of("fp32"), env, group);
+  const auto none = std::function<torch::Tensor(torch::Tensor)>();
+  run.step(0, none);
+  if (env.rank == 1) {
+    std::cout << "rank 1 leaves without a word" << std::endl;
+    std::_Exit(kDiedOnPurpose);
+  }
+  try {
+    for (std::int64_t s = 1; s < 4; ++s) run.step(s, none);
+  } catch (const std::exception& e) {
+    std::cout << "rank 0: the collective failed as it should: " << e.what() << std::endl;
+    return kNoticed;
+  }
+  report.expect(false, "rank 0 noticed that rank 1 died");
+  return 1;
+}
+
 int run_rank(const std::string& scenario, int phase, const std::string& dir) {
   Report report{std::stoll(std::getenv("RANK") ? std::getenv("RANK") : "0")};
   at::set_num_threads(1);
   if (scenario == "reshard" || scenario == "bad_state") {
     return reshard_run(scenario, phase, dir, report);
   }
+  if (scenario == "rank_killed") return killed_rank(report);
   return compare_run(scenario, report);
 }
 
 // ---- the launcher ------------------------------------------------------------------------
 
 int launch_phase(const std::string& scenario, int phase, int world_size, const std::string& dir,
-                 int deadline_s) {
+                 int deadline_s, const std::vector<int>& expected = {}) {
   namespace mt = mantissa::testing;
   const auto port = mt::free_port();
   std::cout << "launcher: " << scenario << " phase " << phase << ", " << world_size
@@ -606,7 +730,7 @@ int launch_phase(const std::string& scenario, int phase, int world_size, const s
   bool ok = true;
   for (int rank = 0; rank < world_size; ++rank) {
     std::cout << "launcher: rank " << rank << " exited with " << status[rank] << std::endl;
-    ok &= status[rank] == 0;
+    ok &= status[rank] == (expected.empty() ? 0 : expected[rank]);
   }
   return ok ? 0 : 1;
 }
@@ -624,6 +748,8 @@ int check(const std::string& scenario, int deadline_s) {
   } else if (scenario == "bad_state") {
     ok = launch_phase(scenario, 0, 2, dir, deadline_s) == 0 &&
          launch_phase(scenario, 1, 2, dir, deadline_s) == 0;
+  } else if (scenario == "rank_killed") {
+    ok = launch_phase(scenario, 0, 2, dir, deadline_s, {kNoticed, kDiedOnPurpose}) == 0;
   } else {
     mode_of(scenario);  // an unknown name fails here, before any process starts
     ok = launch_phase(scenario, 0, 2, dir, deadline_s) == 0;
@@ -647,6 +773,7 @@ int main(int argc, char** argv) {
     if (args.size() >= 2 && args[0] == "rank") {
       return run_rank(args[1], std::stoi(option("--phase", "0")), option("--dir", "."));
     }
+    if (args.size() >= 2 && args[0] == "check" && args[1] == "layout") return check_layout();
     if (args.size() >= 2 && args[0] == "check") {
       return check(args[1], std::stoi(option("--deadline-s", "120")));
     }
