@@ -36,6 +36,10 @@ std::vector<at::Tensor>& field(FullOptimizerState& state, Kind kind) {
   return state.masters;
 }
 
+const std::vector<at::Tensor>& field(const FullOptimizerState& state, Kind kind) {
+  return field(const_cast<FullOptimizerState&>(state), kind);  // the same member, read only
+}
+
 const char* name_of(Kind kind) {
   switch (kind) {
     case Kind::kExpAvg:
@@ -92,7 +96,7 @@ void check_state_shapes(const FullOptimizerState& state, const std::vector<at::T
                         const char* where) {
   const auto n = params.size();
   for (const auto kind : kKinds) {
-    auto& tensors = field(const_cast<FullOptimizerState&>(state), kind);
+    const auto& tensors = field(state, kind);
     const bool required = !state.empty() && (kind == Kind::kExpAvg || kind == Kind::kExpAvgSq);
     TORCH_CHECK_VALUE(tensors.size() == n || (tensors.empty() && !required), where,
                       ": the state holds ", tensors.size(), " ", name_of(kind),
@@ -118,7 +122,7 @@ FullOptimizerState gather_full_state(const ShardedAdamW& shards) {
   const auto& params = flat.params();
   const bool root = flat.rank() == 0;
   const auto world = flat.world_size();
-  auto& group = const_cast<c10::intrusive_ptr<c10d::ProcessGroup>&>(shards.group());
+  const auto& group = shards.group();
   FullOptimizerState full;
   at::NoGradGuard no_grad;
   for (std::size_t b = 0; b < layout.buckets.size(); ++b) {

@@ -51,7 +51,8 @@ class GradientReduceScatter {
 
   /// This rank's shard of bucket `b`'s gradient, summed over the ranks (not yet divided by the
   /// world size), in the bucket's dtype. Valid after `finish_backward()`.
-  const at::Tensor& summed_shard(std::size_t b) const { return shards_.at(b); }
+  /// The handle shares the storage: in-place changes (the division) are the shard's.
+  at::Tensor summed_shard(std::size_t b) const { return shards_.at(b); }
 
   /// How many buckets the last synced backward launched from its hooks (overlapped with the
   /// rest of backward) rather than in `finish_backward()`.

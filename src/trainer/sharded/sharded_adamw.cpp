@@ -75,13 +75,13 @@ void ShardedAdamW::prepare_grads() {
   const auto world = static_cast<double>(flat_.world_size());
   at::NoGradGuard no_grad;
   for (std::size_t b = 0; b < shard_params_.size(); ++b) {
-    const auto& summed = grads_.summed_shard(b);
+    auto summed = grads_.summed_shard(b);
     if (has_master_[b]) {
       master_grads_[b].copy_(summed).div_(world);
       shard_params_[b].mutable_grad() = master_grads_[b];
     } else {
       // In place: the reduced shard is this rank's gradient storage (the ZeRO-2 1/N).
-      const_cast<at::Tensor&>(summed).div_(world);
+      summed.div_(world);
       shard_params_[b].mutable_grad() = summed;
     }
   }
