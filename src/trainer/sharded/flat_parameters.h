@@ -24,7 +24,8 @@ class FlatParameters {
   /// to its view there (`Tensor::set_data`), so that its values, shape, `requires_grad` and
   /// identity stay. Throws `c10::ValueError` naming the group and index of an undefined,
   /// non-floating, empty or repeated tensor or of one on another device, and for a rank outside
-  /// [0, world_size). No collective, no sync.
+  /// [0, world_size). Move or cast the model first: `module->to(...)` afterwards would give the
+  /// parameters new storage outside the buffers. No collective, no sync.
   FlatParameters(const std::vector<std::vector<at::Tensor>>& groups, std::int64_t rank,
                  std::int64_t world_size, std::int64_t bucket_cap_bytes);
 

@@ -57,14 +57,13 @@ GradientReduceScatter::~GradientReduceScatter() {
 
 void GradientReduceScatter::prepare_for_backward(bool sync) {
   armed_ = sync;
-  in_backward_ = sync;
   next_bucket_ = 0;
   launched_in_backward_ = 0;
   std::fill(ready_.begin(), ready_.end(), 0);
 }
 
 void GradientReduceScatter::on_grad_ready(std::size_t param) {
-  if (!armed_ || !in_backward_) return;
+  if (!armed_) return;
   const auto bucket = flat_.layout().where[param].first;
   ++ready_[bucket];
   launch_ready_buckets();
@@ -73,7 +72,7 @@ void GradientReduceScatter::on_grad_ready(std::size_t param) {
 void GradientReduceScatter::launch_ready_buckets() {
   while (next_bucket_ < ready_.size() && ready_[next_bucket_] == expected_[next_bucket_]) {
     launch(next_bucket_);
-    if (in_backward_) ++launched_in_backward_;
+    ++launched_in_backward_;  // only the hooks come here
     ++next_bucket_;
   }
 }
@@ -97,7 +96,6 @@ void GradientReduceScatter::launch(std::size_t b) {
 
 void GradientReduceScatter::finish_backward() {
   if (!armed_) return;
-  in_backward_ = false;
   armed_ = false;
   // Buckets whose gradients did not all come (unused parameters) go now, still in order.
   while (next_bucket_ < ready_.size()) launch(next_bucket_++);

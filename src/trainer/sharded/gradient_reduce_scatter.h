@@ -31,6 +31,7 @@ class GradientReduceScatter {
   /// Installs one post-accumulate-grad hook on each parameter of `flat` that requires a
   /// gradient. Throws `c10::ValueError` when a parameter already carries such a hook (naming
   /// its index): one tensor has one slot for it. `group` must span `flat.world_size()` ranks.
+  /// `flat` must outlive this object (the hooks point to both).
   GradientReduceScatter(FlatParameters& flat, c10::intrusive_ptr<c10d::ProcessGroup> group);
   /// Removes the hooks.
   ~GradientReduceScatter();
@@ -73,8 +74,7 @@ class GradientReduceScatter {
   std::vector<at::Tensor> in_flight_;  // the flat inputs, alive until the wait
   std::size_t next_bucket_ = 0;
   std::size_t launched_in_backward_ = 0;
-  bool armed_ = false;
-  bool in_backward_ = false;
+  bool armed_ = false;  // this backward reduce-scatters
 };
 
 }  // namespace mantissa::detail::sharded
