@@ -72,6 +72,11 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/single_process.cpp
   src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp
+  src/trainer/sharded/flat_layout.cpp
+  src/trainer/sharded/flat_parameters.cpp
+  src/trainer/sharded/gradient_reduce_scatter.cpp
+  src/trainer/sharded/sharded_adamw.cpp
+  src/trainer/sharded/full_state.cpp
   src/trainer/graph_engine.cpp
   src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp

@@ -695,4 +695,36 @@ TEST(GradScalerFusedTest, FusedOptimizerMatchesUnfusedAndSkipsOnInf) {
   }
 }
 
+// set_found_inf_reduction: what a sharded run plugs in to combine the ranks' flags. Here the
+// "other rank" is simulated: the reduction raises the flag at step 2, although every gradient
+// of this process is finite, and the step must be skipped (and the scale backed off) exactly as
+// if this process had seen the inf itself; through unscale_ and through a fused step alike.
+TEST(GradScalerFusedTest, FoundInfReductionDecidesTheSkip) {
+  for (bool call_unscale : {false, true}) {
+    SCOPED_TRACE(call_unscale ? "with unscale_" : "without unscale_");
+    auto p = torch::ones({4}).requires_grad_(true);
+    FusedSgd fused({p}, 0.1);
+    GradScaler scaler(GradScalerOptions().init_scale(1024.));
+    int calls = 0;
+    int step = 0;
+    scaler.set_found_inf_reduction([&](at::Tensor& found_inf) {
+      ++calls;
+      EXPECT_EQ(found_inf.item<float>(), 0.f) << "this process's own gradients are finite";
+      if (step == 2) found_inf.fill_(1.f);
+    });
+    for (step = 0; step < 4; ++step) {
+      fused.zero_grad();
+      scaler.scale(p.sum()).backward();
+      const auto before = p.detach().clone();
+      if (call_unscale) scaler.unscale_(fused);
+      scaler.step(fused);
+      scaler.update();
+      EXPECT_EQ(torch::equal(before, p.detach()), step == 2) << "step " << step;
+    }
+    EXPECT_EQ(calls, 4) << "one flag per step (one device)";
+    EXPECT_EQ(scaler.skipped_steps(), 1);
+    EXPECT_EQ(scaler.get_scale(), 512.);
+  }
+}
+
 }  // namespace

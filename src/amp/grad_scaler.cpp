@@ -193,6 +193,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   const auto found_inf = at::full({}, 0.0, scale_.options().dtype(at::kFloat));
   state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf, /*allow_fp16=*/false);
+  reduce_found_inf(state.found_inf_per_device);
   state.stage = Stage::kUnscaled;
 }
 
@@ -200,8 +201,15 @@ void GradScaler::check_inf_per_device(torch::optim::Optimizer& optimizer) {
   const auto& scale = check_scale_growth_tracker("_check_inf_per_device").first;
   const auto dummy_inv_scale = at::full({}, 1.0, scale.options().dtype(at::kFloat));
   const auto found_inf = at::full({}, 0.0, scale.options().dtype(at::kFloat));
-  per_optimizer_states_[&optimizer].found_inf_per_device =
-      unscale_grads(optimizer, dummy_inv_scale, found_inf, /*allow_fp16=*/true);
+  auto& flags = per_optimizer_states_[&optimizer].found_inf_per_device;
+  flags = unscale_grads(optimizer, dummy_inv_scale, found_inf, /*allow_fp16=*/true);
+  reduce_found_inf(flags);
+}
+
+void GradScaler::reduce_found_inf(
+    std::vector<std::pair<c10::Device, at::Tensor>>& per_device) const {
+  if (!found_inf_reduction_) return;
+  for (auto& [device, flag] : per_device) found_inf_reduction_(flag);
 }
 
 void GradScaler::step(torch::optim::Optimizer& optimizer) {

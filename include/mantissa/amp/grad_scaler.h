@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -144,6 +145,17 @@ class GradScaler {
   /// Whether the last `update()` saw inf/nan, i.e. the last step was skipped. Syncs.
   bool last_step_skipped() const;
 
+  /// Passes every inf/nan flag this scaler records (in `unscale_`, and in `step` for an
+  /// optimizer that unscales itself) through `reduce` as soon as it is computed; `reduce` may
+  /// change the 0-d fp32 flag in place. Sharded data parallelism needs it: each rank sees only
+  /// its shard of the gradients, so the flags must be combined across the ranks (an allreduce
+  /// of the maximum) for every rank to skip the same steps and keep the same scale. An empty
+  /// function (the default) turns it off. Python: FSDP's `ShardedGradScaler(process_group=...)`.
+  /// No sync of its own; `reduce` may run a collective.
+  void set_found_inf_reduction(std::function<void(at::Tensor& found_inf)> reduce) {
+    found_inf_reduction_ = std::move(reduce);
+  }
+
   /// Python: `scaler.state_dict()`: `{scale, growth_factor, backoff_factor, growth_interval,
   /// _growth_tracker}`, empty when disabled. With hysteresis on, also `_hysteresis_tracker`.
   /// Syncs. `torch::pickle_save` of it is read by Python's `torch.load`.
@@ -178,6 +190,7 @@ class GradScaler {
                                                                 const at::Tensor& found_inf,
                                                                 bool allow_fp16) const;
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
+  void reduce_found_inf(std::vector<std::pair<c10::Device, at::Tensor>>& per_device) const;
   at::Tensor combined_found_inf() const;
   void update_with_extensions(const at::Tensor& found_inf);
   void finish_update(const at::Tensor& found_inf);
@@ -192,6 +205,7 @@ class GradScaler {
   std::int64_t init_growth_tracker_ = 0;
   std::int64_t init_hysteresis_tracker_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;
+  std::function<void(at::Tensor&)> found_inf_reduction_;  // sharded runs: combines the ranks' flags
 };
 
 }  // namespace mantissa::amp

@@ -1,0 +1,79 @@
+#include "trainer/sharded/flat_layout.h"
+
+#include <algorithm>
+
+#include <c10/core/ScalarTypeToTypeMeta.h>
+#include <c10/util/Exception.h>
+
+namespace mantissa::detail::sharded {
+
+std::optional<ShardPiece> FlatBucket::piece(const FlatSlot& slot, std::int64_t rank) const {
+  const std::int64_t begin = std::max(slot.offset, shard_begin(rank));
+  const std::int64_t end = std::min(slot.offset + slot.numel, shard_begin(rank) + shard_numel);
+  if (begin >= end) return std::nullopt;
+  return ShardPiece{begin - slot.offset, begin - shard_begin(rank), end - begin};
+}
+
+std::int64_t FlatLayout::shard_numel() const {
+  std::int64_t total = 0;
+  for (const auto& bucket : buckets) total += bucket.shard_numel;
+  return total;
+}
+
+std::int64_t FlatLayout::padding_numel() const {
+  std::int64_t total = 0;
+  for (const auto& bucket : buckets) total += bucket.padded_numel - bucket.numel;
+  return total;
+}
+
+std::int64_t shard_alignment(c10::ScalarType dtype) {
+  const auto size = static_cast<std::int64_t>(c10::elementSize(dtype));
+  return std::max<std::int64_t>(1, 16 / size);
+}
+
+FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t world_size,
+                            std::int64_t bucket_cap_bytes) {
+  TORCH_CHECK_VALUE(world_size >= 1, "plan_flat_layout: world_size must be >= 1, but it is ",
+                    world_size);
+  TORCH_CHECK_VALUE(bucket_cap_bytes >= 1,
+                    "plan_flat_layout: bucket_cap_bytes must be >= 1, but it is ",
+                    bucket_cap_bytes);
+  TORCH_CHECK_VALUE(!params.empty(), "plan_flat_layout: there are no parameters to shard");
+  FlatLayout layout;
+  layout.world_size = world_size;
+  layout.where.resize(params.size());
+
+  const auto close = [&](FlatBucket& bucket) {
+    const std::int64_t unit = world_size * shard_alignment(bucket.dtype);
+    bucket.padded_numel = (bucket.numel + unit - 1) / unit * unit;
+    bucket.shard_numel = bucket.padded_numel / world_size;
+  };
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const auto& spec = params[k];
+    TORCH_CHECK_VALUE(spec.numel > 0, "plan_flat_layout: parameter ", k, " has no elements (numel ",
+                      spec.numel, "); leave it out of the shards");
+    const auto bytes = spec.numel * static_cast<std::int64_t>(c10::elementSize(spec.dtype));
+    bool fresh = layout.buckets.empty();
+    if (!fresh) {
+      const auto& last = layout.buckets.back();
+      const auto last_bytes = last.numel * static_cast<std::int64_t>(c10::elementSize(last.dtype));
+      fresh = last.group != spec.group || last.dtype != spec.dtype ||
+              last_bytes + bytes > bucket_cap_bytes;
+    }
+    if (fresh) {
+      if (!layout.buckets.empty()) close(layout.buckets.back());
+      FlatBucket bucket;
+      bucket.group = spec.group;
+      bucket.dtype = spec.dtype;
+      layout.buckets.push_back(std::move(bucket));
+    }
+    auto& bucket = layout.buckets.back();
+    layout.where[k] = {layout.buckets.size() - 1, bucket.slots.size()};
+    bucket.slots.push_back(FlatSlot{k, bucket.numel, spec.numel});
+    bucket.numel += spec.numel;
+  }
+  close(layout.buckets.back());
+  return layout;
+}
+
+}  // namespace mantissa::detail::sharded

@@ -1,0 +1,151 @@
+#include "trainer/sharded/sharded_adamw.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/clip_grad.h>
+
+namespace mantissa::detail::sharded {
+namespace {
+
+std::int64_t bytes_of(const at::Tensor& t) {
+  return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
+}
+
+// Waits for every work, then rethrows the first failure: no work is left running on buffers
+// that are about to be freed.
+void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  std::exception_ptr failure;
+  for (auto& work : works) {
+    try {
+      work->wait();
+    } catch (...) {
+      if (failure == nullptr) failure = std::current_exception();
+    }
+  }
+  works.clear();
+  if (failure != nullptr) std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+ShardedAdamW::ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
+                           std::vector<optim::FusedAdamWOptions> group_options, bool master_weights,
+                           c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : flat_(flat), grads_(grads), group_(std::move(group)) {
+  TORCH_CHECK_VALUE(group_options.size() == flat_.num_groups(),
+                    "ShardedAdamW: ", group_options.size(), " group options given for ",
+                    flat_.num_groups(), " param groups");
+  TORCH_CHECK_VALUE(group_ && group_->getSize() == flat_.world_size(),
+                    "ShardedAdamW: the process group has ", group_ ? group_->getSize() : 0,
+                    " ranks, the layout was planned for ", flat_.world_size());
+  const auto& buckets = flat_.layout().buckets;
+  std::vector<std::vector<at::Tensor>> per_group(flat_.num_groups());
+  std::vector<at::Tensor> masters, model_shards;
+  at::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    auto shard = flat_.shard(b);
+    const bool master = master_weights && amp::is_low_precision(buckets[b].dtype);
+    has_master_.push_back(master);
+    if (master) {
+      auto fp32 = shard.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      master_grads_.push_back(at::zeros_like(fp32));
+      masters.push_back(fp32);
+      model_shards.push_back(shard);
+      shard_params_.push_back(fp32);
+    } else {
+      master_grads_.emplace_back();
+      shard_params_.push_back(shard);
+    }
+    per_group[buckets[b].group].push_back(shard_params_.back());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  for (std::size_t g = 0; g < per_group.size(); ++g) {
+    TORCH_CHECK_VALUE(!per_group[g].empty(), "ShardedAdamW: param group ", g, " has no parameters");
+    param_groups.emplace_back(per_group[g],
+                              std::make_unique<optim::FusedAdamWOptions>(group_options[g]));
+  }
+  optimizer_ = std::make_unique<optim::FusedAdamW>(std::move(param_groups));
+  if (!masters.empty()) optimizer_->link_model_params(masters, model_shards);
+}
+
+void ShardedAdamW::prepare_grads() {
+  const auto world = static_cast<double>(flat_.world_size());
+  at::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < shard_params_.size(); ++b) {
+    auto summed = grads_.summed_shard(b);
+    if (has_master_[b]) {
+      master_grads_[b].copy_(summed).div_(world);
+      shard_params_[b].mutable_grad() = master_grads_[b];
+    } else {
+      // In place: the reduced shard is this rank's gradient storage (the ZeRO-2 1/N).
+      summed.div_(world);
+      shard_params_[b].mutable_grad() = summed;
+    }
+  }
+}
+
+at::Tensor ShardedAdamW::global_grad_norm() {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : shard_params_) {
+    const auto& g = p.grad();
+    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2, {}, false, at::kFloat));
+  }
+  auto squared = norms.empty() ? at::zeros({1}, shard_params_.front().options().dtype(at::kFloat))
+                               : at::stack(norms).square().sum().reshape({1});
+  std::vector<at::Tensor> tensors{squared};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  group_->allreduce(tensors, options)->wait();
+  return squared.sqrt().reshape({});
+}
+
+at::Tensor ShardedAdamW::clip_grad_norm_(double max_norm) {
+  auto norm = global_grad_norm();
+  clip_grads_with_norm_(shard_params_, max_norm, norm);
+  return norm;
+}
+
+void ShardedAdamW::agree_found_inf_(at::Tensor& found_inf) {
+  std::vector<at::Tensor> tensors{found_inf.view({1})};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  group_->allreduce(tensors, options)->wait();
+}
+
+void ShardedAdamW::all_gather_params() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<at::Tensor> inputs;
+  at::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < shard_params_.size(); ++b) {
+    // A copy: the shard is part of the output buffer, and not every backend gathers in place.
+    inputs.push_back(flat_.shard(b).clone());
+    auto output = flat_.buffer(b);
+    works.push_back(group_->_allgather_base(output, inputs.back()));
+  }
+  wait_all(works);
+}
+
+std::int64_t ShardedAdamW::state_bytes() const {
+  std::int64_t total = fused_adamw_state_bytes(*optimizer_);
+  for (std::size_t b = 0; b < shard_params_.size(); ++b) {
+    if (has_master_[b]) total += bytes_of(shard_params_[b]) + bytes_of(master_grads_[b]);
+  }
+  return total;
+}
+
+void ShardedAdamW::zero_grad() { optimizer_->zero_grad(); }
+
+std::int64_t fused_adamw_state_bytes(const optim::FusedAdamW& optimizer) {
+  std::int64_t total = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    const auto& s = static_cast<const optim::FusedAdamWParamState&>(*state);
+    total += bytes_of(s.step()) + bytes_of(s.exp_avg()) + bytes_of(s.exp_avg_sq()) +
+             bytes_of(s.max_exp_avg_sq()) + bytes_of(s.kahan_comp());
+  }
+  return total;
+}
+
+}  // namespace mantissa::detail::sharded
