@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -23,6 +24,7 @@
 #include <mantissa/fp8/scaling_state.h>
 
 #include "golden_util.h"
+#include "multiprocess.h"
 #include "test_util.h"
 
 namespace {
@@ -127,13 +129,13 @@ TEST(Fp8CastTest, QuantizeScalesInFloat32) {
 }
 
 TEST(Fp8CastTest, AmaxAndCurrentScale) {
-  using mantissa::fp8::amax;
   using mantissa::fp8::current_scale;
-  const auto a = amax(torch::tensor({-3.5, 2.0, 1.0}, torch::kBFloat16));
+  using mantissa::fp8::tensor_amax;
+  const auto a = tensor_amax(torch::tensor({-3.5, 2.0, 1.0}, torch::kBFloat16));
   EXPECT_EQ(a.dim(), 0);
   EXPECT_EQ(a.scalar_type(), torch::kFloat);
   EXPECT_EQ(a.item<float>(), 3.5f);
-  EXPECT_EQ(amax(torch::empty({0, 4})).item<float>(), 0.0f);
+  EXPECT_EQ(tensor_amax(torch::empty({0, 4})).item<float>(), 0.0f);
 
   // 448 / 3.5 = 128 exactly; 57344 / 3 rounds once from float64 to fp32.
   EXPECT_EQ(current_scale(a, torch::kFloat8_e4m3fn).item<float>(), 128.0f);
@@ -269,14 +271,45 @@ TEST(Float8ScalingStateTest, AllReduceIsOneCallForAllLayers) {
   EXPECT_EQ(state.scales()[8].item<float>(), 57344.0f / 4.0f);  // e5m2's max over amax 4
 }
 
-TEST(Float8ScalingStateTest, AllReduceOverAProcessGroupOfOne) {
-  mantissa::distributed::DistributedEnvironment env;  // a world of 1, in-process store
-  const auto group = mantissa::distributed::init_process_group(env);
-  Float8ScalingState state(Float8Recipe().amax_history_len(2));
-  state.add_layer("fc");
-  state.record_amax_(2, torch::tensor(3.0f));
-  mantissa::fp8::all_reduce_amaxes_(state, *group);
-  EXPECT_TRUE(state.current_amaxes().equal(torch::tensor({0.0f, 0.0f, 3.0f})));
+// Two ranks (two threads, Gloo on 127.0.0.1): after the hook both hold the elementwise max of
+// what each recorded, so both compute the same scales.
+TEST(Float8ScalingStateTest, AllReduceOverGlooGivesEveryRankTheSameScales) {
+  const uint16_t port = mantissa::testing::free_port();
+  std::vector<torch::Tensor> scales(2);
+  std::vector<std::string> errors(2);
+  auto rank_main = [&](int rank) {
+    try {
+      mantissa::distributed::DistributedEnvironment env;
+      env.rank = env.local_rank = rank;
+      env.world_size = env.local_world_size = 2;
+      env.master_addr = "127.0.0.1";
+      env.master_port = port;
+      env.gloo_socket_ifname = "lo";
+      const auto group = mantissa::distributed::init_process_group(
+          env, mantissa::distributed::Backend::gloo, std::chrono::seconds(60));
+      Float8ScalingState state(Float8Recipe().amax_history_len(2));
+      state.add_layer("a");
+      state.add_layer("b");
+      for (int64_t column = 0; column < 6; ++column) {
+        // rank 0 sees the larger amax on even columns, rank 1 on odd ones
+        const bool larger = (column % 2 == 0) == (rank == 0);
+        state.record_amax_(column, torch::tensor(larger ? 4.0f + column : 1.0f));
+      }
+      mantissa::fp8::all_reduce_amaxes_(state, *group);
+      state.update_();
+      scales[rank] = state.scales().clone();
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::thread rank0(rank_main, 0), rank1(rank_main, 1);
+  rank0.join();
+  rank1.join();
+  ASSERT_EQ(errors, (std::vector<std::string>{"", ""}));
+  EXPECT_TRUE(scales[0].equal(scales[1]));
+  const auto amaxes = torch::arange(6, torch::kFloat) + 4.0f;
+  const auto maxima = torch::tensor({448.0f, 448.0f, 57344.0f, 448.0f, 448.0f, 57344.0f});
+  EXPECT_TRUE(scales[0].equal(maxima / amaxes)) << scales[0];
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -317,7 +350,7 @@ TEST(Float8LinearTest, CurrentScalingMatchesTorchao) {
     Float8Linear layer = layer_from(c);
     layer->enable_current_scaling();
     const auto grad_output = tensor_from(c["grad_output"]);
-    const auto result = run_step(layer, tensor_from(c["x"]), grad_output, c["autocast"]);
+    const auto result = run_step(layer, tensor_from(c["x"]), grad_output, c["autocast"].get<bool>());
     const auto expected = tensor_from(c["output"]);
     ASSERT_EQ(result.output.scalar_type(), expected.scalar_type());
     const c10::ScalarType out = expected.scalar_type();

@@ -31,7 +31,7 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, c10::ScalarTyp
   return (x.to(c10::kFloat) * scale.reshape({})).clamp_(-max, max).to(dtype);
 }
 
-at::Tensor amax(const at::Tensor& x) {
+at::Tensor tensor_amax(const at::Tensor& x) {
   if (x.numel() == 0) return at::zeros({}, x.options().dtype(c10::kFloat));
   return x.abs().amax().to(c10::kFloat);
 }

@@ -16,16 +16,16 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// The scale a tensor with amax `tensor_amax` is cast with, recording the amax for the delayed
+/// The scale a tensor with amax `amax` is cast with, recording the amax for the delayed
 /// recipe. The delayed scale gets `0 * amax` added: +0 for a finite amax, NaN for inf or NaN,
 /// so an overflow in this tensor reaches the output as NaN (for the loss scaler) instead of
 /// being clamped away; the stored scale is untouched.
-at::Tensor scale_for(const ScaledLinearPlan& plan, TensorRole role, const at::Tensor& tensor_amax,
+at::Tensor scale_for(const ScaledLinearPlan& plan, TensorRole role, const at::Tensor& amax,
                      c10::ScalarType dtype) {
-  if (plan.recipe == ScalingRecipe::kCurrent) return current_scale(tensor_amax, dtype);
+  if (plan.recipe == ScalingRecipe::kCurrent) return current_scale(amax, dtype);
   const auto index = static_cast<int64_t>(role);
-  if (plan.amax_cell[index].defined()) record_amax_(plan.amax_cell[index], tensor_amax);
-  return plan.scale[index] + tensor_amax * 0;
+  if (plan.amax_cell[index].defined()) record_amax_(plan.amax_cell[index], amax);
+  return plan.scale[index] + amax * 0;
 }
 
 /// CUDA's FP8 GEMM wants every inner dimension a multiple of 16. The token count M is the inner
@@ -45,8 +45,8 @@ class ScaledLinearFunction : public torch::autograd::Function<ScaledLinearFuncti
                             const at::Tensor& bias, const ScaledLinearPlan& plan) {
     const c10::ScalarType x_dtype = float8_dtype(plan.format, TensorRole::kInput);
     const c10::ScalarType w_dtype = float8_dtype(plan.format, TensorRole::kWeight);
-    const at::Tensor x_scale = scale_for(plan, TensorRole::kInput, amax(x), x_dtype);
-    const at::Tensor w_scale = scale_for(plan, TensorRole::kWeight, amax(weight), w_dtype);
+    const at::Tensor x_scale = scale_for(plan, TensorRole::kInput, tensor_amax(x), x_dtype);
+    const at::Tensor w_scale = scale_for(plan, TensorRole::kWeight, tensor_amax(weight), w_dtype);
     const at::Tensor x8 = quantize(x, x_scale, x_dtype);       // [M, K] row-major
     const at::Tensor w8 = quantize(weight, w_scale, w_dtype);  // [N, K] row-major
     // _scaled_mm's scales undo the quantization: 1/scale.
@@ -88,7 +88,8 @@ class ScaledLinearFunction : public torch::autograd::Function<ScaledLinearFuncti
 
     const at::Tensor grad_out = grads[0].contiguous();  // [M, N]
     const c10::ScalarType g_dtype = float8_dtype(plan.format, TensorRole::kGradOutput);
-    const at::Tensor g_scale = scale_for(plan, TensorRole::kGradOutput, amax(grad_out), g_dtype);
+    const at::Tensor g_scale =
+        scale_for(plan, TensorRole::kGradOutput, tensor_amax(grad_out), g_dtype);
     const at::Tensor g8 = quantize(grad_out, g_scale, g_dtype);
     const at::Tensor g_inv = g_scale.reciprocal();
 

@@ -24,7 +24,7 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, c10::ScalarTyp
 
 /// max(|x|) as a 0-d fp32 tensor on `x`'s device (NaN when `x` holds one; 0 for an empty `x`).
 /// Python: `torch.max(torch.abs(x)).float()`. No sync.
-at::Tensor amax(const at::Tensor& x);
+at::Tensor tensor_amax(const at::Tensor& x);
 
 /// The current recipe's scale for a tensor with this `amax` (a 0-d tensor): `max / amax`,
 /// computed in float64 with the amax clamped to at least 1e-12 and rounded to fp32 once, as

@@ -61,6 +61,7 @@ struct Float8Recipe {
   /// `fp8_margin`: the scale is divided by 2^margin, leaving headroom above the amax; >= 0.
   MANTISSA_ARG(int64_t, margin) = 0;
 
+ public:
   /// Throws `c10::ValueError` naming the field and its value when `amax_history_len` < 1 or
   /// `margin` is negative or above 64.
   void validate() const;
