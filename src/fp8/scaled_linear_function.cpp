@@ -3,6 +3,8 @@
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 #include <mantissa/fp8/cast.h>
@@ -39,10 +41,15 @@ at::Tensor pad_rows_to_16(const at::Tensor& t) {
 /// mat2 of _scaled_mm column-major, as cuBLASLt requires: the same values, transposed storage.
 at::Tensor column_major(const at::Tensor& t) { return t.t().contiguous().t(); }
 
+/// Autocast stays out of both passes: the FP8 GEMMs choose their own output dtype, and CPU
+/// autocast would otherwise turn the fp32 matmul of the emulated _scaled_mm into a bf16 one.
 class ScaledLinearFunction : public torch::autograd::Function<ScaledLinearFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const ScaledLinearPlan& plan) {
+                            const std::optional<at::Tensor>& maybe_bias,
+                            const ScaledLinearPlan& plan) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const at::Tensor bias = maybe_bias.value_or(at::Tensor());
     const c10::ScalarType x_dtype = float8_dtype(plan.format, TensorRole::kInput);
     const c10::ScalarType w_dtype = float8_dtype(plan.format, TensorRole::kWeight);
     const at::Tensor x_scale = scale_for(plan, TensorRole::kInput, tensor_amax(x), x_dtype);
@@ -73,6 +80,7 @@ class ScaledLinearFunction : public torch::autograd::Function<ScaledLinearFuncti
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x8 = saved[0];
     const at::Tensor& w8 = saved[1];
@@ -114,7 +122,10 @@ class ScaledLinearFunction : public torch::autograd::Function<ScaledLinearFuncti
 
 at::Tensor scaled_linear(const at::Tensor& x2d, const at::Tensor& weight, const at::Tensor& bias,
                          const ScaledLinearPlan& plan) {
-  return ScaledLinearFunction::apply(x2d, weight, bias, plan);
+  // An undefined tensor cannot be an input of a custom function; an empty optional can.
+  std::optional<at::Tensor> maybe_bias;
+  if (bias.defined()) maybe_bias = bias;
+  return ScaledLinearFunction::apply(x2d, weight, maybe_bias, plan);
 }
 
 }  // namespace mantissa::fp8::detail
