@@ -448,11 +448,21 @@ TEST(Float8LinearTest, SaturatesOutliersButPropagatesOverflow) {
     } else {
       layer->enable_current_scaling();
     }
-    torch::NoGradGuard no_grad;
     auto x = torch::randn({4, 16});
     x[0][0] = 1e4;  // delayed scale 1: beyond e4m3's 448
-    EXPECT_TRUE(layer->forward(x).isfinite().all().item<bool>());
+    auto grad_output = torch::randn({4, 16});
+    grad_output[2][1] = 1e6;  // beyond e5m2's 57344
+    const auto finite = run_step(layer, x, grad_output, false);
+    EXPECT_TRUE(finite.output.isfinite().all().item<bool>());
+    EXPECT_TRUE(finite.grad_x.isfinite().all().item<bool>());
+    EXPECT_TRUE(layer->weight.grad().isfinite().all().item<bool>());
+
+    layer->zero_grad();
+    grad_output[3][0] = INFINITY;  // an overflowed fp16 gradient
+    run_step(layer, x, grad_output, false);
+    EXPECT_FALSE(layer->weight.grad().isfinite().all().item<bool>());
     x[1][3] = INFINITY;
+    torch::NoGradGuard no_grad;
     EXPECT_TRUE(layer->forward(x).isnan().any().item<bool>());
   }
 }
