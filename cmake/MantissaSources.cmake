@@ -28,6 +28,11 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/trainer.h
   include/mantissa/tensorboard_callback.h
   include/mantissa/distributed.h
+  include/mantissa/fp8/recipe.h
+  include/mantissa/fp8/cast.h
+  include/mantissa/fp8/scaling_state.h
+  include/mantissa/fp8/float8_linear.h
+  include/mantissa/fp8/convert.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -87,6 +92,12 @@ set(MANTISSA_CXX_SOURCES
   src/distributed/environment.cpp
   src/distributed/sampler.cpp
   src/distributed/process_group.cpp
+  src/fp8/recipe.cpp
+  src/fp8/cast.cpp
+  src/fp8/scaling_state.cpp
+  src/fp8/scaled_linear_function.cpp
+  src/fp8/float8_linear.cpp
+  src/fp8/convert.cpp
 )
 # The one file that includes ProcessGroupGloo.hpp (and ProcessGroupNCCL.hpp): it alone needs the
 # gloo and NCCL headers (CMakeLists.txt).

@@ -14,6 +14,11 @@
 #include <mantissa/choice.h>
 #include <mantissa/clip_grad.h>
 #include <mantissa/distributed.h>
+#include <mantissa/fp8/cast.h>
+#include <mantissa/fp8/convert.h>
+#include <mantissa/fp8/float8_linear.h>
+#include <mantissa/fp8/recipe.h>
+#include <mantissa/fp8/scaling_state.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>
