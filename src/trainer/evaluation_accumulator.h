@@ -21,7 +21,9 @@ namespace mantissa::detail {
 /// needs no collective per batch, so the shares may differ by one, and no repeated example
 /// distorts a batch's mean loss).
 struct EvaluationShard {
+  /// The examples of the whole dataset.
   std::int64_t num_examples = 0;
+  /// This process's rank and the number of processes (0 and 1 alone).
   std::int64_t rank = 0;
   std::int64_t world_size = 1;
 
@@ -53,6 +55,7 @@ struct EvaluationTotals {
 
 /// The kept logits and labels, concatenated (padded with -100) on the CPU.
 struct EvaluationRows {
+  /// Undefined unless rows are kept.
   torch::Tensor predictions;
   /// Undefined unless every batch had labels.
   torch::Tensor label_ids;
@@ -76,6 +79,7 @@ class EvaluationAccumulator {
   void add(const torch::Tensor& loss, const torch::Tensor& logits, const torch::Tensor& labels,
            std::size_t count);
 
+  /// Whether the logits and labels are kept (the forward must then return logits).
   bool keeps_rows() const { return keep_rows_; }
   /// The number of batches added.
   std::int64_t steps() const { return steps_; }
