@@ -63,6 +63,9 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/progress.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
+  src/trainer/checkpoint_folder.cpp
+  src/trainer/checkpoint_files.cpp
+  src/trainer/optimizer_state_table.cpp
   src/trainer/metrics_log.cpp
   src/trainer/reporting.cpp
   src/trainer/tensorboard_callback.cpp
@@ -85,6 +88,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/graph_engine.cpp
   src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp
+  src/trainer/evaluation_accumulator.cpp
   src/trainer/training_loop.cpp
   src/trainer/trainer_impl.cpp
   src/trainer/trainer_train.cpp

@@ -23,6 +23,7 @@
 #include "io_test_util.h"
 #include "toy_training.h"
 #include "trainer/checkpoint.h"
+#include "trainer/optimizer_state_table.h"
 
 namespace {
 
@@ -309,22 +310,115 @@ TEST(CheckpointTest, InterruptedSavesAreCleanedUpByTheNextSave) {
 
 TEST(CheckpointTest, RotationKilledHalfWayLeavesNoHalfDeletedCheckpoint) {
   const auto dir = mantissa_test::toy_output_dir();
-  auto args = toy_args(dir).max_steps(6).save_strategy("steps").save_steps(2).save_total_limit(1);
-  mantissa::detail::checkpoint_remove_hook = [](const std::string& path) {
+  auto args = toy_args(dir).max_steps(4).save_strategy("steps").save_steps(2);
+  Trainer(make_toy_model(), args, ToyDataset(100)).train();  // checkpoint-2 and checkpoint-4
+  mantissa::detail::FileFaults faults;
+  faults.before_remove = [](const std::string& path) {
     throw std::runtime_error("killed while deleting " + path + " (simulated)");
   };
-  EXPECT_THROW(Trainer(make_toy_model(), args, ToyDataset(100)).train(), std::runtime_error);
-  mantissa::detail::checkpoint_remove_hook = nullptr;
+  EXPECT_THROW(mantissa::detail::rotate_checkpoints(dir, 1, std::nullopt, true, faults),
+               std::runtime_error);
   // checkpoint-2 was renamed out of the checkpoint names before its deletion began.
   EXPECT_EQ(mantissa::detail::sorted_checkpoints(dir),
             std::vector<std::string>{dir + "/checkpoint-4"});
-  const auto names = mantissa::io::list_directory(dir);
-  ASSERT_EQ(names.size(), 2u);  // no log line yet: logging_steps is 5
-  EXPECT_EQ(names[1].rfind("deleting-checkpoint-2-", 0), 0u) << names[1];
+  std::vector<std::string> deleting;
+  for (const auto& name : mantissa::io::list_directory(dir)) {
+    if (name.rfind("deleting-", 0) == 0) deleting.push_back(name);
+  }
+  ASSERT_EQ(deleting.size(), 1u);
+  EXPECT_EQ(deleting[0].rfind("deleting-checkpoint-2-", 0), 0u) << deleting[0];
 
-  Trainer(make_toy_model(), args.max_steps(8), ToyDataset(100)).train("latest");
+  Trainer(make_toy_model(), args.max_steps(8).save_total_limit(1), ToyDataset(100)).train("latest");
   EXPECT_EQ(mantissa::io::list_directory(dir),
             (std::vector<std::string>{"checkpoint-8", "trainer_log.jsonl"}));
+}
+
+TEST(CheckpointTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
+  const auto run = saved_run();
+  // The save of step 8 fails at optimizer.pt, as on a full disk.
+  auto model = make_toy_model();
+  Trainer trainer(model, run.args, ToyDataset(100));
+  auto state = trainer.state();
+  state.global_step = 8;
+  mantissa::amp::GradScaler scaler;
+  mantissa::detail::CheckpointParts parts;
+  parts.model = model.ptr().get();
+  parts.optimizer = &trainer.optimizer();
+  parts.scheduler = &trainer.lr_scheduler();
+  parts.scaler = &scaler;
+  parts.state = &state;
+  parts.args = &run.args;
+  mantissa::detail::FileFaults faults;
+  std::vector<std::string> written;
+  faults.before_write = [&](const std::string& path) {
+    written.push_back(path.substr(path.rfind('/') + 1));
+    if (path.find("optimizer.pt") != std::string::npos) {
+      throw std::runtime_error("No space left on device (simulated)");
+    }
+  };
+  EXPECT_THROW(mantissa::detail::save_checkpoint(run.dir, parts, faults), std::runtime_error);
+  EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt"}));
+
+  std::vector<std::string> entries = mantissa::io::list_directory(run.dir);
+  for (const auto& name : entries)
+    EXPECT_EQ(name.find("tmp-"), std::string::npos) << "left behind: " << name;
+  ASSERT_TRUE(mantissa::io::is_directory(run.checkpoint));
+  EXPECT_FALSE(mantissa::io::path_exists(run.dir + "/checkpoint-8"));
+  Trainer resumed(make_toy_model(), TrainingArguments(run.args).max_steps(8), ToyDataset(100));
+  resumed.train(run.checkpoint);
+  EXPECT_EQ(resumed.state().global_step, 8);
+}
+
+// SGD under another name: a class the checkpoint's table of optimizers lacks.
+class UnlistedOptimizer : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+};
+
+TEST(CheckpointTest, AnOptimizerMissingFromTheTableIsRefusedBeforeAnyFileIsWritten) {
+  const auto dir = mantissa_test::toy_output_dir();
+  auto model = make_toy_model();
+  UnlistedOptimizer optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  const auto args = toy_args(dir);
+  mantissa::TrainerState state;
+  mantissa::amp::GradScaler scaler;
+  mantissa::detail::CheckpointParts parts;
+  parts.model = model.ptr().get();
+  parts.optimizer = &optimizer;
+  parts.state = &state;
+  parts.args = &args;
+  parts.scaler = &scaler;
+  mantissa::detail::FileFaults faults;
+  faults.before_write = [](const std::string& path) { ADD_FAILURE() << "wrote " << path; };
+  EXPECT_THAT([&] { mantissa::detail::save_checkpoint(dir, parts, faults); },
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr("cannot hold the optimizer"), HasSubstr("UnlistedOptimizer"))));
+  EXPECT_TRUE(mantissa::detail::sorted_checkpoints(dir).empty());
+  EXPECT_THAT([&] { mantissa::detail::check_optimizer_state(optimizer); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("UnlistedOptimizer")));
+}
+
+TEST(CheckpointTest, EveryOptimizerOfTheTableHasItsStateChecked) {
+  // Each optimizer --optim can name is in the table (a new one fails here until it is added).
+  using Names = mantissa::Choice<mantissa::OptimizerNames>;
+  for (std::size_t i = 0; i < Names::size(); ++i) {
+    const std::string name(Names::name_at(i));
+    SCOPED_TRACE(name);
+    Trainer trainer(make_toy_model(), toy_args(mantissa_test::toy_output_dir()).optim(name),
+                    ToyDataset(16));
+    EXPECT_NO_THROW(mantissa::detail::optimizer_state_kind(trainer.optimizer()));
+  }
+  // An RMSprop state of another shape than its parameter's is named with both shapes.
+  auto param = torch::zeros({3}, torch::requires_grad());
+  torch::optim::RMSprop rmsprop({param}, torch::optim::RMSpropOptions(0.1));
+  EXPECT_STREQ(mantissa::detail::optimizer_state_kind(rmsprop).name, "torch::optim::RMSprop");
+  auto state = std::make_unique<torch::optim::RMSpropParamState>();
+  state->square_avg(torch::zeros({4}));
+  rmsprop.state()[param.unsafeGetTensorImpl()] = std::move(state);
+  EXPECT_THAT([&] { mantissa::detail::check_optimizer_state(rmsprop); },
+              ThrowsMessage<c10::ValueError>(
+                  AllOf(HasSubstr("the state 'square_avg' of parameter 0 has shape [4]"),
+                        HasSubstr("the parameter has shape [3]"))));
 }
 
 TEST(CheckpointTest, PrecisionPlanNamesAStaticLossScale) {

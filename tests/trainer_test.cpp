@@ -445,29 +445,6 @@ TEST(TrainerTest, SaveTotalLimitKeepsTheNewestCheckpoints) {
   EXPECT_TRUE(mantissa::io::path_exists(dir + "/trainer_log.jsonl"));
 }
 
-TEST(TrainerTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
-  const auto dir = temp_dir();
-  auto args = base_args(dir).max_steps(10).save_strategy("steps").save_steps(5);
-  mantissa::detail::checkpoint_write_hook = [](const std::string& path) {
-    if (path.find("checkpoint-10") != std::string::npos &&
-        path.find("optimizer.pt") != std::string::npos) {
-      throw std::runtime_error("No space left on device (simulated)");
-    }
-  };
-  Trainer trainer(make_model(), args, ToyDataset(100));
-  EXPECT_THROW(trainer.train(), std::runtime_error);
-  mantissa::detail::checkpoint_write_hook = nullptr;
-
-  std::vector<std::string> entries = mantissa::io::list_directory(dir);
-  for (const auto& name : entries)
-    EXPECT_EQ(name.find("tmp-"), std::string::npos) << "left behind: " << name;
-  ASSERT_TRUE(mantissa::io::is_directory(dir + "/checkpoint-5"));
-  EXPECT_FALSE(mantissa::io::path_exists(dir + "/checkpoint-10"));
-  Trainer resumed(make_model(), args, ToyDataset(100));
-  resumed.train(dir + "/checkpoint-5");
-  EXPECT_EQ(resumed.state().global_step, 10);
-}
-
 TEST(TrainerTest, CorruptCheckpointNamesTheFile) {
   const auto dir = temp_dir();
   auto args = base_args(dir).max_steps(4).save_strategy("steps").save_steps(4);

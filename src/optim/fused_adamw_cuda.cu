@@ -149,6 +149,54 @@ void increment_steps(const std::vector<at::Tensor>& steps, const std::vector<std
   }
 }
 
+// Packs the non-empty tensors among `params` into as few launches as the metadata allows, as
+// apex's and TransformerEngine's multi_tensor_apply: each block of a launch takes one chunk of
+// kChunkSize elements of one tensor, at most kMaxTensors tensors and kMaxBlocks blocks per
+// launch, and a tensor whose chunks do not all fit continues in the next launch as its slot 0.
+// `set_slot(meta, slot, i)` writes the pointers of tensor i into `meta`'s slot (numel and the
+// block map are written here); `launch(meta, blocks)` starts one kernel. Returns the indices of
+// the non-empty tensors, in order.
+template <typename Meta, typename SetSlot, typename Launch>
+std::vector<std::size_t> multi_tensor_apply(const std::vector<at::Tensor>& params,
+                                            SetSlot&& set_slot, Launch&& launch) {
+  std::vector<std::size_t> nonempty;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() > 0) nonempty.push_back(i);
+  }
+  Meta meta{};
+  int tensors = 0;
+  int blocks = 0;
+  for (std::size_t k = 0; k < nonempty.size(); ++k) {
+    const auto i = nonempty[k];
+    const int slot = tensors++;
+    set_slot(meta, slot, i);
+    meta.numel[slot] = params[i].numel();
+    const std::int64_t chunks = (params[i].numel() + kChunkSize - 1) / kChunkSize;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      meta.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
+      meta.block_to_chunk[blocks] = static_cast<int>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      const bool tensors_full = tensors == kMaxTensors && last_chunk;
+      const bool blocks_full = blocks == kMaxBlocks;
+      const bool everything = k == nonempty.size() - 1 && last_chunk;
+      if (tensors_full || blocks_full || everything) {
+        launch(meta, blocks);
+        blocks = 0;
+        if (last_chunk) {
+          tensors = 0;
+        } else {
+          // The tensor continues in the next launch: it becomes slot 0.
+          set_slot(meta, 0, i);
+          meta.numel[0] = params[i].numel();
+          tensors = 1;
+        }
+      }
+    }
+  }
+  return nonempty;
+}
+
 // ---- bf16/fp16 params under a low-precision rule -----------------------------------------
 
 struct LowPrecisionMeta {
@@ -264,21 +312,7 @@ void launch_all(const std::vector<at::Tensor>& params, const std::vector<at::Ten
                 const std::vector<at::Tensor>& models, const std::vector<at::Tensor>& steps,
                 const Hyper& h, const float* grad_scale, const float* found_inf) {
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TensorListMeta meta{};
-  int tensors = 0;
-  int blocks = 0;
-  auto launch = [&] {
-    fused_adamw_kernel<P, M, kModel, kAmsgrad>
-        <<<blocks, kThreads, 0, stream>>>(meta, h, grad_scale, found_inf);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  std::vector<std::size_t> nonempty;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() > 0) nonempty.push_back(i);
-  }
-  for (std::size_t k = 0; k < nonempty.size(); ++k) {
-    const auto i = nonempty[k];
-    const int slot = tensors++;
+  auto set_slot = [&](TensorListMeta& meta, int slot, std::size_t i) {
     meta.param[slot] = params[i].data_ptr();
     meta.grad[slot] = grads[i].const_data_ptr();
     meta.exp_avg[slot] = exp_avgs[i].data_ptr();
@@ -286,36 +320,13 @@ void launch_all(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     meta.max_exp_avg_sq[slot] = kAmsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr;
     meta.model[slot] = kModel ? models[i].data_ptr() : nullptr;
     meta.step[slot] = steps[i].const_data_ptr<float>();
-    meta.numel[slot] = params[i].numel();
-    const std::int64_t chunks = (params[i].numel() + kChunkSize - 1) / kChunkSize;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      meta.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
-      meta.block_to_chunk[blocks] = static_cast<int>(c);
-      ++blocks;
-      const bool last_chunk = c == chunks - 1;
-      const bool tensors_full = tensors == kMaxTensors && last_chunk;
-      const bool blocks_full = blocks == kMaxBlocks;
-      const bool everything = k == nonempty.size() - 1 && last_chunk;
-      if (tensors_full || blocks_full || everything) {
-        launch();
-        blocks = 0;
-        if (last_chunk) {
-          tensors = 0;
-        } else {
-          // The tensor continues in the next launch: it becomes slot 0.
-          meta.param[0] = meta.param[slot];
-          meta.grad[0] = meta.grad[slot];
-          meta.exp_avg[0] = meta.exp_avg[slot];
-          meta.exp_avg_sq[0] = meta.exp_avg_sq[slot];
-          meta.max_exp_avg_sq[0] = meta.max_exp_avg_sq[slot];
-          meta.model[0] = meta.model[slot];
-          meta.step[0] = meta.step[slot];
-          meta.numel[0] = meta.numel[slot];
-          tensors = 1;
-        }
-      }
-    }
-  }
+  };
+  auto launch = [&](const TensorListMeta& meta, int blocks) {
+    fused_adamw_kernel<P, M, kModel, kAmsgrad>
+        <<<blocks, kThreads, 0, stream>>>(meta, h, grad_scale, found_inf);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  const auto nonempty = multi_tensor_apply<TensorListMeta>(params, set_slot, launch);
   // Only now, after every launch that reads them, the steps move on (unless found_inf).
   increment_steps(steps, nonempty, found_inf, stream);
 }
@@ -345,32 +356,7 @@ void launch_low_precision(
     const Hyper& h, std::uint64_t seed, const float* grad_scale, const float* found_inf) {
   constexpr bool kComp = R == LowPrecisionUpdate::kKahan;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  LowPrecisionMeta meta{};
-  int tensors = 0;
-  int blocks = 0;
-  auto launch = [&] {
-    fused_adamw_low_precision_kernel<P, S, kAmsgrad, R>
-        <<<blocks, kThreads, 0, stream>>>(meta, h, seed, grad_scale, found_inf);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  std::vector<std::size_t> nonempty;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() > 0) nonempty.push_back(i);
-  }
-  auto move_slot = [&](int from, int to) {
-    meta.param[to] = meta.param[from];
-    meta.grad[to] = meta.grad[from];
-    meta.exp_avg[to] = meta.exp_avg[from];
-    meta.exp_avg_sq[to] = meta.exp_avg_sq[from];
-    meta.max_exp_avg_sq[to] = meta.max_exp_avg_sq[from];
-    meta.kahan_comp[to] = meta.kahan_comp[from];
-    meta.step[to] = meta.step[from];
-    meta.numel[to] = meta.numel[from];
-    meta.rng_tensor[to] = meta.rng_tensor[from];
-  };
-  for (std::size_t k = 0; k < nonempty.size(); ++k) {
-    const auto i = nonempty[k];
-    const int slot = tensors++;
+  auto set_slot = [&](LowPrecisionMeta& meta, int slot, std::size_t i) {
     meta.param[slot] = params[i].data_ptr();
     meta.grad[slot] = grads[i].const_data_ptr();
     meta.exp_avg[slot] = exp_avgs[i].data_ptr();
@@ -378,29 +364,14 @@ void launch_low_precision(
     meta.max_exp_avg_sq[slot] = kAmsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr;
     meta.kahan_comp[slot] = kComp ? kahan_comps[i].data_ptr() : nullptr;
     meta.step[slot] = steps[i].const_data_ptr<float>();
-    meta.numel[slot] = params[i].numel();
     meta.rng_tensor[slot] = rng_tensors[i];
-    const std::int64_t chunks = (params[i].numel() + kChunkSize - 1) / kChunkSize;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      meta.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
-      meta.block_to_chunk[blocks] = static_cast<int>(c);
-      ++blocks;
-      const bool last_chunk = c == chunks - 1;
-      const bool tensors_full = tensors == kMaxTensors && last_chunk;
-      const bool blocks_full = blocks == kMaxBlocks;
-      const bool everything = k == nonempty.size() - 1 && last_chunk;
-      if (tensors_full || blocks_full || everything) {
-        launch();
-        blocks = 0;
-        if (last_chunk) {
-          tensors = 0;
-        } else {
-          move_slot(slot, 0);  // the tensor continues in the next launch as slot 0
-          tensors = 1;
-        }
-      }
-    }
-  }
+  };
+  auto launch = [&](const LowPrecisionMeta& meta, int blocks) {
+    fused_adamw_low_precision_kernel<P, S, kAmsgrad, R>
+        <<<blocks, kThreads, 0, stream>>>(meta, h, seed, grad_scale, found_inf);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  const auto nonempty = multi_tensor_apply<LowPrecisionMeta>(params, set_slot, launch);
   increment_steps(steps, nonempty, found_inf, stream);
 }
 
@@ -521,21 +492,7 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   const bool with_model = models[0].defined();
   for (const auto& m : models) TORCH_INTERNAL_ASSERT(m.defined() == with_model);
 
-  Hyper h{};
-  h.lr = hyper.lr;
-  h.beta1 = hyper.beta1;
-  h.beta2 = hyper.beta2;
-  h.weight_decay = hyper.weight_decay;
-  TORCH_INTERNAL_ASSERT(!lr.defined() ||
-                        (lr.scalar_type() == at::kDouble && lr.is_cuda() && lr.numel() == 1));
-  h.lr_on_device = lr.defined() ? lr.const_data_ptr<double>() : nullptr;
-  h.decay = hyper.scalars.decay;
-  h.beta1_f = hyper.scalars.beta1;
-  h.one_minus_beta1 = hyper.scalars.one_minus_beta1;
-  h.beta2_f = hyper.scalars.beta2;
-  h.one_minus_beta2 = hyper.scalars.one_minus_beta2;
-  h.eps = hyper.scalars.eps;
-  h.maximize = hyper.scalars.maximize;
+  const Hyper h = make_hyper(hyper, lr);
   const float* scale_ptr = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
   const float* inf_ptr = found_inf.defined() ? found_inf.const_data_ptr<float>() : nullptr;
 

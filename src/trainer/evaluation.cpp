@@ -10,6 +10,7 @@
 
 #include "trainer/batch_roles.h"
 #include "trainer/device_batch.h"
+#include "trainer/eval_mode_guard.h"
 
 namespace mantissa::detail {
 namespace {
@@ -29,45 +30,34 @@ std::pair<torch::Tensor, ModelOutput> loss_and_outputs(const EvaluationParts& pa
   return result;
 }
 
-torch::Tensor host_copy(const torch::Tensor& t) {
-  auto out = t.detach();
-  if (c10::isFloatingType(out.scalar_type())) out = out.to(torch::kFloat);
-  return out.cpu();
+/// The metrics of the combined totals and rows, the user's among them (prefixed), and the
+/// speeds. Python: the end of HF's `evaluation_loop`.
+EvaluationResult finish_evaluation(const EvaluationParts& parts, const EvaluationTotals& totals,
+                                   EvaluationRows rows, const EvaluationShard& shard,
+                                   std::int64_t steps, const std::string& prefix,
+                                   std::chrono::steady_clock::time_point start) {
+  EvaluationResult result;
+  auto& metrics = result.metrics;
+  const auto n = static_cast<double>(shard.num_examples);
+  if (totals.loss_examples > 0) metrics[prefix + "_loss"] = totals.loss_sum / totals.loss_examples;
+  if (totals.classification) metrics[prefix + "_accuracy"] = totals.correct / n;
+  result.predictions = std::move(rows.predictions);
+  result.label_ids = std::move(rows.label_ids);
+  if (parts.compute_metrics) {
+    const auto user_metrics = parts.compute_metrics(result.predictions, result.label_ids);
+    for (const auto& [key, value] : user_metrics) {
+      metrics[key.rfind(prefix + "_", 0) == 0 ? key : prefix + "_" + key] = value;
+    }
+  }
+  const double runtime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics[prefix + "_runtime"] = runtime;
+  metrics[prefix + "_samples_per_second"] = runtime > 0 ? n / runtime : 0.0;
+  metrics[prefix + "_steps_per_second"] = runtime > 0 ? static_cast<double>(steps) / runtime : 0.0;
+  return result;
 }
 
 }  // namespace
-
-torch::Tensor concat_padded(const std::vector<torch::Tensor>& tensors, double padding_value) {
-  TORCH_CHECK_VALUE(!tensors.empty(), "concat_padded: nothing to concatenate");
-  const auto& first = tensors.front();
-  bool same = true;
-  std::int64_t longest = 0;
-  for (const auto& t : tensors) {
-    TORCH_CHECK_VALUE(t.dim() == first.dim() && t.dim() >= 1,
-                      "the predictions of two evaluation batches have different ranks (",
-                      first.sizes(), " and ", t.sizes(), ")");
-    for (std::int64_t d = 2; d < t.dim(); ++d) {
-      TORCH_CHECK_VALUE(t.size(d) == first.size(d),
-                        "the predictions of two evaluation batches differ in dimension ", d, " (",
-                        first.sizes(), " and ", t.sizes(), "); only dimension 1 may differ");
-    }
-    if (t.dim() >= 2) {
-      same = same && t.size(1) == first.size(1);
-      longest = std::max(longest, t.size(1));
-    }
-  }
-  if (same) return torch::cat(tensors);
-  std::vector<torch::Tensor> padded;
-  padded.reserve(tensors.size());
-  for (const auto& t : tensors) {
-    auto shape = t.sizes().vec();
-    shape[1] = longest;
-    auto out = torch::full(shape, padding_value, t.options());
-    out.narrow(1, 0, t.size(1)).copy_(t);
-    padded.push_back(std::move(out));
-  }
-  return torch::cat(padded);
-}
 
 EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource& dataset,
                                 const std::string& prefix, bool during_train,
@@ -83,102 +73,30 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
   // HF casts the model for a full bf16/fp16 evaluation only outside training.
   if (full_eval) module.to(args.bf16_full_eval() ? c10::kBFloat16 : c10::kHalf);
   module.to(device);
-  const bool was_training = module.is_training();
-  module.eval();
+  const EvalModeGuard eval_mode(module);
   torch::NoGradGuard no_grad;
   amp::Autocast autocast(device.type(),
                          parts.plan.autocast ? parts.plan.compute_dtype : c10::kBFloat16,
                          parts.plan.autocast && !full_eval);
 
-  const auto n = static_cast<std::int64_t>(dataset.size);
-  const auto& strategy = parts.strategy;
-  const auto world = strategy.world_size();
-  const auto rank = strategy.rank();
-  // This process's examples: every world-th from its rank on, as DistributedSampler deals them
-  // without shuffling, but without its padding: evaluation needs no collective per batch, so
-  // the shares may differ by one, and no repeated example distorts a batch's mean loss.
-  TORCH_CHECK_VALUE(n >= world, "the dataset to evaluate (", prefix, ") has ", n,
-                    " examples, fewer than the ", world, " processes that share it");
-  const auto local_n = (n - rank + world - 1) / world;
+  const auto shard =
+      evaluation_shard(static_cast<std::int64_t>(dataset.size), parts.strategy, prefix);
+  const auto local_n = shard.size();
   const auto batch_size = args.per_device_eval_batch_size();
-  const auto on_device = torch::TensorOptions().device(device);
-  auto loss_sum = torch::zeros({}, on_device.dtype(torch::kDouble));
-  auto correct = torch::zeros({}, on_device.dtype(torch::kLong));
-  double loss_examples = 0;
-  std::int64_t steps = 0;
-  const bool gather = keep_predictions || static_cast<bool>(parts.compute_metrics);
-  bool classification = !parts.compute_loss;
-  std::vector<torch::Tensor> predictions;
-  std::vector<torch::Tensor> labels_seen;
+  EvaluationAccumulator accumulator(
+      device, keep_predictions || static_cast<bool>(parts.compute_metrics),
+      /*classification=*/!parts.compute_loss, parts.preprocess_logits);
   for (std::int64_t begin = 0; begin < local_n; begin += batch_size) {
-    const auto end = std::min(local_n, begin + batch_size);
-    std::vector<std::size_t> indices;
-    for (auto i = begin; i < end; ++i)
-      indices.push_back(static_cast<std::size_t>(rank + i * world));
+    const auto indices = shard.indices(begin, std::min(local_n, begin + batch_size));
     const auto batch = to_device(dataset.get_batch(indices), device, args.dataloader_pin_memory());
-    ++steps;
-    const auto [loss, outputs] = loss_and_outputs(parts, batch, gather);
-    const auto labels = labels_of(args, batch);
-    const auto& logits = outputs.logits;
-    const auto count = static_cast<double>(indices.size());
-    if (loss.defined()) {
-      loss_sum += loss.detach().to(torch::kDouble) * count;
-      loss_examples += count;
-    }
-    if (classification && logits.defined() && logits.dim() == 2 && labels.defined() &&
-        labels.dim() == 1 && !c10::isFloatingType(labels.scalar_type())) {
-      correct += logits.argmax(1).eq(labels).sum();
-    } else {
-      classification = false;
-    }
-    if (gather) {
-      TORCH_CHECK_VALUE(logits.defined(),
-                        "the model returned no logits, which compute_metrics and predict() need; "
-                        "return ModelOutput(loss, logits) from its forward");
-      const auto kept = parts.preprocess_logits ? parts.preprocess_logits(logits, labels) : logits;
-      predictions.push_back(host_copy(kept));
-      if (labels.defined()) labels_seen.push_back(labels.detach().cpu());
-    }
+    const auto [loss, outputs] = loss_and_outputs(parts, batch, accumulator.keeps_rows());
+    accumulator.add(loss, outputs.logits, labels_of(args, batch), indices.size());
   }
-  EvaluationResult result;
-  auto& metrics = result.metrics;
-  double loss_total = loss_examples > 0 ? loss_sum.item<double>() : 0.0;
-  double correct_total = static_cast<double>(correct.item<std::int64_t>());
-  {
-    // Every process must learn the same answers, including whether all could classify.
-    const auto sums =
-        strategy.sum({loss_total, loss_examples, correct_total, classification ? 0.0 : 1.0});
-    loss_total = sums[0];
-    loss_examples = sums[1];
-    correct_total = sums[2];
-    classification = sums[3] == 0.0;
-  }
-  if (loss_examples > 0) metrics[prefix + "_loss"] = loss_total / loss_examples;
-  if (classification) metrics[prefix + "_accuracy"] = correct_total / static_cast<double>(n);
-  if (gather) {
-    result.predictions = concat_padded(predictions, -100);
-    // Labels count only when every batch had them.
-    const bool have_labels = !labels_seen.empty() && labels_seen.size() == predictions.size();
-    if (have_labels) result.label_ids = concat_padded(labels_seen, -100);
-    result.predictions = strategy.gather_rows(result.predictions, n, -100);
-    if (strategy.all_ok(have_labels)) {
-      result.label_ids = strategy.gather_rows(result.label_ids, n, -100);
-    } else {
-      result.label_ids = torch::Tensor();
-    }
-  }
-  if (parts.compute_metrics) {
-    const auto user_metrics = parts.compute_metrics(result.predictions, result.label_ids);
-    for (const auto& [key, value] : user_metrics) {
-      metrics[key.rfind(prefix + "_", 0) == 0 ? key : prefix + "_" + key] = value;
-    }
-  }
-  const double runtime =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics[prefix + "_runtime"] = runtime;
-  metrics[prefix + "_samples_per_second"] = runtime > 0 ? static_cast<double>(n) / runtime : 0.0;
-  metrics[prefix + "_steps_per_second"] = runtime > 0 ? static_cast<double>(steps) / runtime : 0.0;
-  if (was_training) module.train();
+  auto totals = accumulator.totals();
+  auto rows = accumulator.rows();
+  combine_processes(parts.strategy, shard.num_examples, totals, rows);
+  auto result =
+      finish_evaluation(parts, totals, std::move(rows), shard, accumulator.steps(), prefix, start);
   if (!keep_predictions) {
     result.predictions = torch::Tensor();
     result.label_ids = torch::Tensor();

@@ -12,6 +12,7 @@
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer_hooks.h>
 
+#include "trainer/evaluation_accumulator.h"
 #include "trainer/strategy.h"
 
 namespace mantissa::detail {
@@ -49,11 +50,11 @@ struct EvaluationResult {
 /// `<prefix>_steps_per_second`. The logits and labels are gathered when `keep_predictions` or
 /// when `compute_metrics` needs them. Outside training (`during_train` false)
 /// `bf16_full_eval` / `fp16_full_eval` cast the model first, as HF. The model's train/eval
-/// mode is restored. Python: `Trainer.evaluation_loop`. Syncs. Throws `c10::ValueError` for an
-/// empty dataset.
+/// mode is restored, also when an exception passes (EvalModeGuard). Python:
+/// `Trainer.evaluation_loop`. Syncs. Throws `c10::ValueError` for an empty dataset.
 ///
-/// With several processes each takes every world_size-th example from its rank on (the shares
-/// of `DistributedSampler` without shuffling, less its padding); the sums behind the loss and
+/// With several processes each takes every world_size-th example from its rank on
+/// (`EvaluationShard`); the sums behind the loss and
 /// accuracy and the kept rows are gathered back into the dataset's order, so every process
 /// returns the metrics of one process that evaluated the whole set (what accelerate's
 /// `gather_for_metrics` aims at; HF's padded batches also count a repeated example in the last
@@ -61,11 +62,5 @@ struct EvaluationResult {
 EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource& dataset,
                                 const std::string& prefix, bool during_train,
                                 bool keep_predictions);
-
-/// Concatenates per-batch tensors along dimension 0; when their dimension 1 differs (sequences
-/// of different lengths) each is first padded there with `padding_value`. Python: HF's
-/// `nested_concat(..., padding_index=-100)`. Throws `c10::ValueError` when the tensors differ
-/// in another dimension or in rank.
-torch::Tensor concat_padded(const std::vector<torch::Tensor>& tensors, double padding_value);
 
 }  // namespace mantissa::detail

@@ -1,0 +1,210 @@
+#include "trainer/checkpoint_files.h"
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <mantissa/io/safetensors.h>
+#include "io/filesystem.h"
+
+#include "io/atomic_file.h"
+#include "io/torch_save.h"
+#include "trainer/optimizer_state_table.h"
+
+namespace mantissa::detail {
+namespace {
+
+void write_text(const std::string& path, const std::string& text, const FileFaults& faults) {
+  faults.writing(path);
+  io::write_file_atomically(path, text);
+}
+
+void write_archive(const std::string& path, torch::serialize::OutputArchive& archive,
+                   const FileFaults& faults) {
+  faults.writing(path);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  io::write_file_atomically(path, bytes.str());
+}
+
+// Runs `load`, re-raising any error with the file's name in front and without the inner
+// error's C++ backtrace (the outer error carries its own). A value error stays a value error.
+template <typename Fn>
+void loading(const std::string& path, Fn&& load) {
+  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
+  try {
+    io::check_regular_file(path);
+    load();
+  } catch (const c10::ValueError& e) {
+    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path,
+                      "': ", e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what());
+  }
+}
+
+c10::IValue rng_states() {
+  c10::impl::GenericDict states(c10::StringType::get(), c10::AnyType::get());
+  states.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  c10::impl::GenericList cuda(c10::AnyType::get());
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(torch::cuda::device_count()); ++i) {
+    cuda.push_back(at::globalContext()
+                       .defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)))
+                       .get_state());
+  }
+  states.insert("cuda", cuda);
+  return states;
+}
+
+// Generators are shared handles: a copy sets the state of the process-wide generator.
+void set_generator_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+void restore_rng_states(const c10::IValue& value) {
+  TORCH_CHECK(value.isGenericDict(), "rng_state.pth does not hold a dict");
+  const auto states = value.toGenericDict();
+  TORCH_CHECK(states.contains("cpu"), "rng_state.pth has no 'cpu' state");
+  set_generator_state(at::detail::getDefaultCPUGenerator(), states.at("cpu").toTensor());
+  if (states.contains("cuda")) {
+    const auto cuda = states.at("cuda").toList();
+    const auto devices = static_cast<std::size_t>(torch::cuda::device_count());
+    for (std::size_t i = 0; i < std::min<std::size_t>(cuda.size(), devices); ++i) {
+      set_generator_state(at::globalContext().defaultGenerator(
+                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
+                          cuda.get(i).toTensor());
+    }
+  }
+}
+
+std::string rng_state_name(std::int64_t process_index, std::int64_t num_processes) {
+  return num_processes > 1 ? "rng_state_" + std::to_string(process_index) + ".pth"
+                           : std::string("rng_state.pth");
+}
+
+void load_masters(const std::string& path, amp::MasterWeights& masters) {
+  loading(path, [&] {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    masters.load(archive);
+  });
+}
+
+}  // namespace
+
+void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
+                            const FileFaults& faults) {
+  // Refused before anything is written: its optimizer.pt could not be checked when loaded.
+  optimizer_state_kind(*parts.optimizer);
+  const auto file = [&](const char* name) { return io::join_path(folder, name); };
+  faults.writing(file("model.safetensors"));
+  io::save_module_safetensors(file("model.safetensors"), *parts.model);
+  {
+    torch::serialize::OutputArchive archive;
+    parts.optimizer->save(archive);
+    write_archive(file("optimizer.pt"), archive, faults);
+  }
+  faults.writing(file("scheduler.pt"));
+  parts.scheduler->save(file("scheduler.pt"));
+  faults.writing(file("scaler.pt"));
+  parts.scaler->save(file("scaler.pt"));
+  if (parts.masters != nullptr) {
+    torch::serialize::OutputArchive archive;
+    parts.masters->save(archive);
+    write_archive(file("master_weights.pt"), archive, faults);
+  }
+  write_text(file("trainer_state.json"), parts.state->to_json(), faults);
+  write_text(file("training_args.json"), parts.args->to_json(), faults);
+}
+
+void write_rng_state(const std::string& folder, std::int64_t process_index,
+                     std::int64_t num_processes, const FileFaults& faults) {
+  const auto path = io::join_path(folder, rng_state_name(process_index, num_processes));
+  const auto bytes = io::torch_save_bytes(rng_states());
+  faults.writing(path);
+  io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+std::int64_t saved_process_count(const std::string& dir) {
+  std::int64_t ranked = 0;
+  bool single = false;
+  for (const auto& name : io::list_directory(dir)) {
+    if (name == "rng_state.pth") single = true;
+    if (name.rfind("rng_state_", 0) == 0 && name.size() > 14 &&
+        name.compare(name.size() - 4, 4, ".pth") == 0) {
+      ++ranked;
+    }
+  }
+  return ranked > 0 ? ranked : (single ? 1 : 0);
+}
+
+void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
+  TORCH_CHECK_VALUE(io::path_exists(dir), "checkpoint folder '", dir, "' does not exist");
+  TORCH_CHECK_VALUE(
+      io::is_directory(dir), "the checkpoint '", dir,
+      "' is not a folder; resume_from_checkpoint takes a checkpoint-<step> folder or 'latest'");
+  const auto file = [&](const char* name) { return io::join_path(dir, name); };
+  loading(file("trainer_state.json"), [&] {
+    const auto bytes = io::read_file(file("trainer_state.json"));
+    auto state = TrainerState::from_json(std::string(bytes.begin(), bytes.end()));
+    if (parts.check_state) parts.check_state(state);
+    *parts.state = std::move(state);
+  });
+  loading(file("model.safetensors"),
+          [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
+  if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
+  loading(file("optimizer.pt"), [&] {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file("optimizer.pt"));
+    parts.optimizer->load(archive);
+    check_optimizer_state(*parts.optimizer);
+  });
+  loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });
+  loading(file("scaler.pt"), [&] {
+    if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
+  });
+  const auto rng_name = rng_state_name(parts.process_index, parts.num_processes);
+  const auto rng_file = io::join_path(dir, rng_name);
+  const auto saved_processes = saved_process_count(dir);
+  if (!io::path_exists(rng_file) && saved_processes > 0 && saved_processes != parts.num_processes) {
+    // A run of another size saved it. HF goes on without the file too: the run continues,
+    // but not bit for bit. (Missing from a checkpoint of this run's size, it is an error.)
+    TORCH_WARN("the checkpoint '", dir, "' has no ", rng_name, ": ", saved_processes,
+               " process(es) saved it, and this run has ", parts.num_processes,
+               ", so the random state of process ", parts.process_index,
+               " (dropout, ...) starts afresh instead of where it stood");
+    return;
+  }
+  loading(rng_file, [&] { restore_rng_states(torch::pickle_load(io::read_file(rng_file))); });
+}
+
+void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,
+                             amp::MasterWeights* masters) {
+  TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint folder '", dir, "' does not exist");
+  const auto file = [&](const char* name) { return io::join_path(dir, name); };
+  loading(file("model.safetensors"),
+          [&] { io::load_module_safetensors(file("model.safetensors"), model); });
+  if (masters == nullptr) return;
+  if (!io::path_exists(file("master_weights.pt"))) {
+    masters->copy_model_to_masters();
+    return;
+  }
+  load_masters(file("master_weights.pt"), *masters);
+}
+
+std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {
+  const auto path = io::join_path(dir, "training_args.json");
+  if (!io::path_exists(path)) return std::nullopt;
+  std::optional<TrainingArguments> args;
+  loading(path, [&] { args = TrainingArguments::load_json(path, /*validate=*/false); });
+  return args;
+}
+
+}  // namespace mantissa::detail

@@ -1,0 +1,88 @@
+#pragma once
+// What each file of a checkpoint folder holds, in Hugging Face's layout:
+//
+//   checkpoint-<step>/
+//     model.safetensors      model parameters and buffers (Python's safetensors reads it)
+//     optimizer.pt           the optimizer (LibTorch archive)
+//     scheduler.pt           the LR scheduler (torch.save format, LambdaLR's keys)
+//     scaler.pt              the GradScaler (torch.save format, PyTorch's keys)
+//     master_weights.pt      fp32 master weights, when the model is low-precision
+//     rng_state.pth          CPU and CUDA generator states (torch.save format); with several
+//                            processes one rng_state_<rank>.pth each
+//     trainer_state.json     TrainerState
+//     training_args.json     TrainingArguments
+//
+// Written into a folder checkpoint_folder.h made, each file atomically; read back with every
+// value checked, each error naming the file.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <mantissa/amp/grad_scaler.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/lr_scheduler.h>
+#include <mantissa/trainer_callback.h>
+#include <mantissa/training_arguments.h>
+
+#include "trainer/checkpoint_faults.h"
+
+namespace mantissa::detail {
+
+/// Everything a checkpoint holds. `masters` may be null.
+struct CheckpointParts {
+  torch::nn::Module* model = nullptr;
+  amp::MasterWeights* masters = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  LrScheduler* scheduler = nullptr;
+  amp::GradScaler* scaler = nullptr;
+  TrainerState* state = nullptr;
+  const TrainingArguments* args = nullptr;
+  /// Loading only: called with the saved TrainerState before anything else is restored; it
+  /// throws when the state cannot continue in this run (the model is left untouched then).
+  std::function<void(const TrainerState&)> check_state;
+  /// This process's rank and the number of processes: with more than one, each process's
+  /// random state is `rng_state_<rank>.pth` (HF's names), else `rng_state.pth`.
+  std::int64_t process_index = 0;
+  std::int64_t num_processes = 1;
+};
+
+/// Writes everything of `parts` into `folder` except the random state. A c10::ValueError naming
+/// the optimizer's class, before any file is written, when optimizer.pt could not be checked on
+/// loading (optimizer_state_table.h). `faults.before_write` sees each path first. Python: HF's
+/// `Trainer._save_checkpoint` less the folder handling. Syncs (copies tensors to the host).
+void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
+                            const FileFaults& faults = {});
+
+/// Writes this process's random state (CPU and CUDA generators) into `folder`:
+/// `rng_state.pth` for a lone process, else `rng_state_<process_index>.pth`. Python: HF's
+/// `Trainer._save_rng_state`. Syncs.
+void write_rng_state(const std::string& folder, std::int64_t process_index,
+                     std::int64_t num_processes, const FileFaults& faults = {});
+
+/// How many processes wrote the checkpoint in `dir`: the number of `rng_state_<n>.pth` files,
+/// 1 for a single `rng_state.pth`, 0 when it has neither (HF checkpoints without them).
+std::int64_t saved_process_count(const std::string& dir);
+
+/// Restores everything from a checkpoint folder. A missing or corrupt file raises a c10::Error
+/// naming the file. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
+/// `_load_rng_state`. Syncs.
+void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
+
+/// Loads only the weights of a checkpoint into `model`, and into `masters` when not null (from
+/// master_weights.pt, so that they are exact; from the model when the file is absent). What
+/// `load_best_model_at_end` does. A missing or corrupt file raises a c10::Error naming it.
+/// Syncs.
+void load_checkpoint_weights(const std::string& checkpoint_dir, torch::nn::Module& model,
+                             amp::MasterWeights* masters);
+
+/// The arguments a checkpoint was saved with (`training_args.json`, read without validating
+/// them against this machine), or nullopt when the folder has none (a checkpoint of HF's
+/// Trainer). A corrupt file raises a c10::Error naming it. No device sync.
+std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& checkpoint_dir);
+
+}  // namespace mantissa::detail
