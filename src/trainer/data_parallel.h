@@ -32,7 +32,6 @@ class DataParallel final : public Strategy {
   std::string describe() const override;
 
   std::vector<double> sum(std::vector<double> values) const override;
-  bool all_ok(bool ok) const override { return collectives_->all_ok(ok); }
   bool passed_everywhere(const std::function<void()>& check) const override;
   std::string broadcast(const std::string& bytes) const override;
   void check_same_text(const std::string& value, const std::string& what) const override;

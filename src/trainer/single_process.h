@@ -19,7 +19,6 @@ class SingleProcess final : public Strategy {
   std::string describe() const override { return {}; }
 
   std::vector<double> sum(std::vector<double> values) const override { return values; }
-  bool all_ok(bool ok) const override { return ok; }
   /// Runs `check`; its error passes unchanged.
   bool passed_everywhere(const std::function<void()>& check) const override;
   std::string broadcast(const std::string& bytes) const override { return bytes; }

@@ -61,8 +61,6 @@ class Strategy {
   virtual std::vector<double> sum(std::vector<double> values) const = 0;
   /// The mean over the processes of each element of `values`: `sum` over `world_size`.
   std::vector<double> mean(std::vector<double> values) const;
-  /// Whether `ok` holds on every process.
-  virtual bool all_ok(bool ok) const = 0;
   /// Runs `check` here and returns whether it passed on every process. Where it raised, the
   /// error is raised again once every process has been told, so no process waits for one that
   /// stopped; the others get false and say why themselves.
