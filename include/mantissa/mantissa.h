@@ -14,6 +14,7 @@
 #include <mantissa/choice.h>
 #include <mantissa/clip_grad.h>
 #include <mantissa/distributed.h>
+#include <mantissa/distributed_backend.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>
