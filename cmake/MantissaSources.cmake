@@ -27,6 +27,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
   include/mantissa/tensorboard_callback.h
+  include/mantissa/distributed_backend.h
   include/mantissa/distributed.h
   include/mantissa/fp8/recipe.h
   include/mantissa/fp8/cast.h
@@ -41,6 +42,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp
   src/training_arguments/lr_scheduler_kwargs_json.cpp
+  src/training_arguments/reporting_checks.cpp
   src/training_arguments/validate.cpp
   src/training_arguments/derived.cpp
   src/amp/tf32_guard.cpp

@@ -11,7 +11,8 @@
 //                                     [--reference SCRIPT]
 //     starts the workers a scenario needs (as separate processes) and compares what they wrote;
 //     prints "check: PASSED" when everything came out as it must. The scenarios are listed in
-//     `kScenarios` below.
+//     `kScenarios` below. A scenario that cannot run here (torchrun missing) prints
+//     "check: SKIPPED, <why>" and exits with 77, which CTest reports as a skip.
 //
 // Worker options: --num_examples N (256), --hidden H (32), --dropout P (0), --model_dtype
 // fp32|bf16 (fp32), --eval N (0: no evaluation), --data FILE (data and initial weights from a
@@ -39,6 +40,9 @@
 #include "multiprocess.h"
 
 namespace {
+
+// The exit status of a skipped scenario: CTest's SKIP_RETURN_CODE (tests/CMakeLists.txt).
+constexpr int kSkipped = 77;
 
 namespace mt = mantissa::testing;
 using mantissa::Batch;
@@ -522,7 +526,7 @@ int run_check(const std::string& scenario, Launch l) {
     // The same job started by torchrun --no-python (its agent hosts the store).
     if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun)) {
       std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
-      return 0;
+      return kSkipped;
     }
     const auto one = l.dir + "/one.st";
     ok = run_alone(
@@ -564,7 +568,7 @@ int run_check(const std::string& scenario, Launch l) {
     // data, initial weights, order and step.
     if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun) || l.reference.empty()) {
       std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
-      return 0;
+      return kSkipped;
     }
     const auto golden = l.dir + "/torch_ddp.safetensors";
     const auto port = std::to_string(mt::free_port());

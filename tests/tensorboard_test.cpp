@@ -158,12 +158,16 @@ TEST(EventFileTest, AFailedWriteIsReportedAndLaterWritesRefused) {
 // ---- report_to, run_name, tags, folders ---------------------------------------------------
 
 TEST(ReportToTest, ChoicesAsHuggingFaceSpellsThem) {
+  using mantissa::ReportTo;
   using mantissa::detail::Integration;
-  using mantissa::detail::parse_report_to;
-  EXPECT_THAT(parse_report_to("none"), IsEmpty());
-  EXPECT_THAT(parse_report_to("all"), ElementsAre(Integration::tensorboard));
-  EXPECT_THAT(parse_report_to("tensorboard"), ElementsAre(Integration::tensorboard));
+  using mantissa::detail::report_integrations;
+  EXPECT_THAT(report_integrations(ReportTo::kNone), IsEmpty());
+  EXPECT_THAT(report_integrations(ReportTo::kAll), ElementsAre(Integration::tensorboard));
+  EXPECT_THAT(report_integrations(ReportTo::kTensorboard), ElementsAre(Integration::tensorboard));
+  EXPECT_EQ(TrainingArguments().report_to("all").report_to(), ReportTo::kAll);
+  EXPECT_EQ(TrainingArguments().report_to("tensorboard").report_to(), ReportTo::kTensorboard);
   EXPECT_NO_THROW(TrainingArguments().report_to("tensorboard").run_name("run-1").validate());
+  EXPECT_NO_THROW(TrainingArguments().report_to(ReportTo::kAll).validate());
 }
 
 TEST(ReportToTest, BadValuesAreNamed) {
@@ -175,11 +179,19 @@ TEST(ReportToTest, BadValuesAreNamed) {
     }
     return std::string("<no exception>");
   };
-  EXPECT_THAT(error(TrainingArguments().report_to("wandb")),
-              HasSubstr("report_to: 'wandb' (in 'wandb') is not an integration mantissa has"));
+  EXPECT_EQ(error(TrainingArguments().report_to("wandb")),
+            "report_to: 'wandb' (in 'wandb') is not an integration mantissa has; choose one of "
+            "none, all, tensorboard (several separated by commas)");
   EXPECT_THAT(error(TrainingArguments().report_to("tensorboard,")), HasSubstr("'' (in"));
   EXPECT_THAT(error(TrainingArguments().report_to("tensorboard,tensorboard")),
               HasSubstr("'tensorboard' appears twice"));
+  // "none" and "all" stand alone; in a list they are no integration's name.
+  EXPECT_THAT(error(TrainingArguments().report_to("none,tensorboard")),
+              HasSubstr("report_to: 'none' (in 'none,tensorboard') is not an integration"));
+  EXPECT_THAT(error(TrainingArguments().report_to("tensorboard,all")),
+              HasSubstr("report_to: 'all' (in 'tensorboard,all') is not an integration"));
+  EXPECT_THAT(error(TrainingArguments().report_to("Tensorboard")),
+              HasSubstr("'Tensorboard' (in 'Tensorboard')"));
   EXPECT_THAT(error(TrainingArguments().run_name("a/b")), HasSubstr("got 'a/b'"));
   EXPECT_THAT(error(TrainingArguments().run_name("..")), HasSubstr("got '..'"));
   EXPECT_THAT(error(TrainingArguments().run_name("")), HasSubstr("run_name must name one folder"));

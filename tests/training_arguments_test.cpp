@@ -141,26 +141,27 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.per_device_train_batch_size(), 8);
   EXPECT_EQ(a.per_device_eval_batch_size(), 8);
   EXPECT_EQ(a.gradient_accumulation_steps(), 1);
-  EXPECT_EQ(a.optim(), "adamw_torch_fused");  // HF's default with torch >= 2.8
+  // HF's default with torch >= 2.8.
+  EXPECT_EQ(a.optim(), mantissa::OptimizerNames::kAdamWTorchFused);
   EXPECT_EQ(a.learning_rate(), 5e-5);
   EXPECT_EQ(a.weight_decay(), 0.0);
   EXPECT_EQ(a.adam_beta1(), 0.9);
   EXPECT_EQ(a.adam_beta2(), 0.999);
   EXPECT_EQ(a.adam_epsilon(), 1e-8);
   EXPECT_EQ(a.max_grad_norm(), 1.0);
-  EXPECT_EQ(a.lr_scheduler_type(), "linear");
+  EXPECT_EQ(a.lr_scheduler_type(), mantissa::SchedulerType::kLinear);
   EXPECT_EQ(a.warmup_steps(), 0);
   EXPECT_EQ(a.warmup_ratio(), 0.0);
-  EXPECT_EQ(a.eval_strategy(), "no");
+  EXPECT_EQ(a.eval_strategy(), mantissa::IntervalStrategy::kNo);
   EXPECT_FALSE(a.eval_steps().has_value());
-  EXPECT_EQ(a.logging_strategy(), "steps");
+  EXPECT_EQ(a.logging_strategy(), mantissa::IntervalStrategy::kSteps);
   EXPECT_EQ(a.logging_steps(), 500.0);
   EXPECT_FALSE(a.logging_first_step());
   EXPECT_TRUE(a.logging_nan_inf_filter());
-  EXPECT_EQ(a.report_to(), "none");
-  EXPECT_EQ(a.low_precision_update(), "auto");
+  EXPECT_EQ(a.report_to(), mantissa::ReportTo::kNone);
+  EXPECT_EQ(a.low_precision_update(), mantissa::LowPrecisionUpdateMode::kAuto);
   EXPECT_FALSE(a.run_name().has_value());
-  EXPECT_EQ(a.save_strategy(), "steps");
+  EXPECT_EQ(a.save_strategy(), mantissa::SaveStrategy::kSteps);
   EXPECT_EQ(a.save_steps(), 500.0);
   EXPECT_FALSE(a.save_total_limit().has_value());
   EXPECT_FALSE(a.resume_from_checkpoint().has_value());
@@ -171,7 +172,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.tf32().has_value());
   EXPECT_FALSE(a.bf16_full_eval());
   EXPECT_FALSE(a.fp16_full_eval());
-  EXPECT_EQ(a.master_weights(), "auto");
+  EXPECT_EQ(a.master_weights(), mantissa::MasterWeightsMode::kAuto);
   EXPECT_EQ(a.loss_scale(), 0.0);
   EXPECT_EQ(a.initial_scale_power(), 16);
   EXPECT_EQ(a.loss_scale_window(), 2000);
@@ -199,7 +200,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.ddp_broadcast_buffers().has_value());
   EXPECT_FALSE(a.save_on_each_node());
   EXPECT_TRUE(a.log_on_each_node());
-  EXPECT_EQ(a.ddp_comm_hook(), "none");
+  EXPECT_EQ(a.ddp_comm_hook(), mantissa::DdpCommHook::kNone);
   EXPECT_EQ(field_names().size(), 66u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
@@ -358,24 +359,24 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(a.per_device_train_batch_size(), 16);
   EXPECT_EQ(a.per_device_eval_batch_size(), 32);
   EXPECT_EQ(a.gradient_accumulation_steps(), 4);
-  EXPECT_EQ(a.optim(), "adamw_mantissa_fused");
+  EXPECT_EQ(a.optim(), mantissa::OptimizerNames::kAdamWMantissaFused);
   EXPECT_EQ(a.learning_rate(), 3e-4);
   EXPECT_EQ(a.weight_decay(), 0.01);
   EXPECT_EQ(a.adam_beta1(), 0.8);
   EXPECT_EQ(a.adam_beta2(), 0.98);
   EXPECT_EQ(a.adam_epsilon(), 1e-6);
   EXPECT_EQ(a.max_grad_norm(), 0.5);
-  EXPECT_EQ(a.lr_scheduler_type(), "cosine");
+  EXPECT_EQ(a.lr_scheduler_type(), mantissa::SchedulerType::kCosine);
   EXPECT_EQ(a.lr_scheduler_kwargs(), (LrSchedulerKwargs{{"num_cycles", int64_t{2}}}));
   EXPECT_EQ(a.warmup_steps(), 10);
   EXPECT_EQ(a.warmup_ratio(), 0.1);
-  EXPECT_EQ(a.eval_strategy(), "steps");
+  EXPECT_EQ(a.eval_strategy(), mantissa::IntervalStrategy::kSteps);
   EXPECT_EQ(a.eval_steps(), std::optional<double>(50.0));
-  EXPECT_EQ(a.logging_strategy(), "epoch");
+  EXPECT_EQ(a.logging_strategy(), mantissa::IntervalStrategy::kEpoch);
   EXPECT_EQ(a.logging_steps(), 10.0);
   EXPECT_TRUE(a.logging_first_step());
   EXPECT_FALSE(a.logging_nan_inf_filter());
-  EXPECT_EQ(a.save_strategy(), "epoch");
+  EXPECT_EQ(a.save_strategy(), mantissa::SaveStrategy::kEpoch);
   EXPECT_EQ(a.save_steps(), 0.25);
   EXPECT_EQ(a.save_total_limit(), std::optional<int64_t>(3));
   EXPECT_EQ(a.resume_from_checkpoint(), std::optional<std::string>("latest"));
@@ -385,7 +386,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_FALSE(a.fp16());
   EXPECT_EQ(a.tf32(), std::optional<bool>(false));
   EXPECT_TRUE(a.bf16_full_eval());
-  EXPECT_EQ(a.master_weights(), "on");
+  EXPECT_EQ(a.master_weights(), mantissa::MasterWeightsMode::kOn);
   EXPECT_EQ(a.loss_scale(), 128.0);
   EXPECT_EQ(a.initial_scale_power(), 10);
   EXPECT_EQ(a.loss_scale_window(), 500);
@@ -406,7 +407,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_FALSE(b.dataloader_pin_memory());
   EXPECT_TRUE(b.cuda_graph());
   EXPECT_EQ(b.cuda_graph_warmup_steps(), 5);
-  EXPECT_EQ(b.report_to(), "tensorboard");
+  EXPECT_EQ(b.report_to(), mantissa::ReportTo::kTensorboard);
   EXPECT_EQ(b.run_name(), std::optional<std::string>("baseline"));
   EXPECT_EQ(b.low_precision_update(), mantissa::LowPrecisionUpdateMode::kStochasticRounding);
   EXPECT_EQ(b.label_names(), (std::optional<std::vector<std::string>>({"start", "end"})));
@@ -418,7 +419,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.ddp_find_unused_parameters(), std::optional<bool>(false));
   EXPECT_EQ(b.ddp_bucket_cap_mb(), std::optional<int64_t>(50));
   EXPECT_EQ(b.ddp_broadcast_buffers(), std::optional<bool>(false));
-  EXPECT_EQ(b.ddp_comm_hook(), "bf16_compress");
+  EXPECT_EQ(b.ddp_comm_hook(), mantissa::DdpCommHook::kBf16Compress);
   EXPECT_TRUE(b.save_on_each_node());
   EXPECT_FALSE(b.log_on_each_node());
 }
@@ -440,10 +441,17 @@ TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
             "<no exception>");
 
   const TrainingArguments defaults;
-  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCPU)), "gloo");
-  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCUDA, 1)), "nccl");
+  using mantissa::distributed::Backend;
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCPU)), Backend::gloo);
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCUDA, 1)), Backend::nccl);
   EXPECT_EQ(TrainingArguments().ddp_backend("gloo").resolved_ddp_backend(c10::Device(c10::kCUDA)),
-            "gloo");
+            Backend::gloo);
+  EXPECT_EQ(TrainingArguments().ddp_backend("nccl").resolved_ddp_backend(c10::Device(c10::kCPU)),
+            Backend::nccl)
+      << "a backend that is set is taken as it is; the Trainer refuses nccl on the CPU";
+  EXPECT_THAT([] { (void)TrainingArguments().ddp_backend("mpi").resolved_ddp_backend(c10::kCPU); },
+              ::testing::ThrowsMessage<c10::ValueError>(
+                  HasSubstr("mpi is not a valid Backend, please select one of ['gloo', 'nccl']")));
   EXPECT_TRUE(defaults.resolved_ddp_find_unused_parameters());
   EXPECT_FALSE(
       TrainingArguments().ddp_find_unused_parameters(false).resolved_ddp_find_unused_parameters());
@@ -451,6 +459,55 @@ TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
   EXPECT_EQ(TrainingArguments().ddp_bucket_cap_mb(4).resolved_ddp_bucket_cap_mb(), 4);
   EXPECT_TRUE(defaults.resolved_ddp_broadcast_buffers());
   EXPECT_FALSE(TrainingArguments().ddp_broadcast_buffers(false).resolved_ddp_broadcast_buffers());
+}
+
+// report_to and ddp_comm_hook hold enums inside and spellings outside: each spelling comes in
+// by flag and by JSON as its own enumerator and goes out as the same text.
+TEST(TrainingArgumentsTest, ReportToAndCommHookRoundTripThroughCliAndJson) {
+  const auto round_trip = [](const std::string& field, const std::string& spelling) {
+    const auto parsed = TrainingArguments::parse({"--" + field, spelling});
+    const std::string json = parsed.to_json();
+    EXPECT_THAT(json, HasSubstr("\"" + field + "\": \"" + spelling + "\""));
+    const auto read = TrainingArguments::from_json(json);
+    EXPECT_EQ(read, parsed);
+    EXPECT_EQ(read.to_json(), json);
+    return read;
+  };
+  using mantissa::Choice;
+  using mantissa::DdpCommHook;
+  using mantissa::ReportTo;
+  for (std::size_t i = 0; i < Choice<ReportTo>::size(); ++i) {
+    const std::string spelling = Choice<ReportTo>::name_at(i);
+    EXPECT_EQ(round_trip("report_to", spelling).report_to(), static_cast<ReportTo>(i)) << spelling;
+  }
+  for (std::size_t i = 0; i < Choice<DdpCommHook>::size(); ++i) {
+    const std::string spelling = Choice<DdpCommHook>::name_at(i);
+    EXPECT_EQ(round_trip("ddp_comm_hook", spelling).ddp_comm_hook(), static_cast<DdpCommHook>(i))
+        << spelling;
+  }
+  EXPECT_EQ(Choice<ReportTo>::names_text(), "none, all, tensorboard");
+  EXPECT_EQ(Choice<DdpCommHook>::names_text(), "none, fp16_compress, bf16_compress");
+  // Set by enum, written by spelling.
+  EXPECT_THAT(TrainingArguments().ddp_comm_hook(DdpCommHook::kFp16Compress).to_json(),
+              HasSubstr("\"ddp_comm_hook\": \"fp16_compress\""));
+  EXPECT_THAT(TrainingArguments().report_to(ReportTo::kAll).to_json(),
+              HasSubstr("\"report_to\": \"all\""));
+  // An unknown spelling read without validation is kept as written, and refused by validate().
+  const auto kept = TrainingArguments::from_json(
+      R"({"report_to": "tensorboard,wandb", "ddp_comm_hook": "powersgd"})", false);
+  EXPECT_FALSE(kept.report_to().is_valid());
+  EXPECT_EQ(kept.report_to().name(), "tensorboard,wandb");
+  EXPECT_THAT(kept.to_json(), HasSubstr("\"report_to\": \"tensorboard,wandb\""));
+  EXPECT_THAT(kept.to_json(), HasSubstr("\"ddp_comm_hook\": \"powersgd\""));
+  EXPECT_EQ(validate_error(kept),
+            "report_to: 'wandb' (in 'tensorboard,wandb') is not an integration mantissa has; "
+            "choose one of none, all, tensorboard (several separated by commas)");
+  EXPECT_EQ(validate_error(TrainingArguments(kept).report_to("none")),
+            "ddp_comm_hook: 'powersgd' is not one of none, fp16_compress, bf16_compress");
+  // Both stay TEXT in --help: report_to also takes lists, ddp_comm_hook's help names each choice.
+  const std::string help = TrainingArguments::help_text();
+  EXPECT_THAT(help, HasSubstr("--report_to TEXT"));
+  EXPECT_THAT(help, HasSubstr("--ddp_comm_hook TEXT"));
 }
 
 TEST(TrainingArgumentsTest, BoolFlagSpellings) {

@@ -70,6 +70,24 @@ enum class LowPrecisionUpdateMode {
   kStochasticRounding,  ///< "stochastic_rounding": round up or down at random, right on average
 };
 
+/// `--report_to`: where a run reports its logs besides trainer_log.jsonl. Python: HF's
+/// `report_to`, which takes "none", "all" or a list of integration names (`tensorboard` being
+/// the one mantissa has); on the command line and in training_args.json one string.
+enum class ReportTo {
+  kNone,         ///< "none": no integration
+  kAll,          ///< "all": every integration mantissa has
+  kTensorboard,  ///< "tensorboard": TensorBoard event files under output_dir/runs/
+};
+
+/// `--ddp_comm_hook` (mantissa): how gradient buckets travel between the processes. Python:
+/// `ddp_model.register_comm_hook(group, hook)` with a hook of
+/// `torch.distributed.algorithms.ddp_comm_hooks.default_hooks`.
+enum class DdpCommHook {
+  kNone,          ///< "none": in the gradients' own dtype
+  kFp16Compress,  ///< "fp16_compress": cast to fp16 for the allreduce (`fp16_compress_hook`)
+  kBf16Compress,  ///< "bf16_compress": cast to bf16 for the allreduce (`bf16_compress_hook`)
+};
+
 template <>
 struct ChoiceTraits<OptimizerNames> {
   static constexpr const char* enum_name = "OptimizerNames";
@@ -116,6 +134,18 @@ struct ChoiceTraits<LowPrecisionUpdateMode> {
   static constexpr const char* names[] = {"auto", "nearest", "kahan", "stochastic_rounding"};
 };
 
+template <>
+struct ChoiceTraits<ReportTo> {
+  static constexpr const char* enum_name = "ReportTo";
+  static constexpr const char* names[] = {"none", "all", "tensorboard"};
+};
+
+template <>
+struct ChoiceTraits<DdpCommHook> {
+  static constexpr const char* enum_name = "DdpCommHook";
+  static constexpr const char* names[] = {"none", "fp16_compress", "bf16_compress"};
+};
+
 // Each enum has one spelling per enumerator.
 static_assert(Choice<OptimizerNames>::size() == static_cast<int>(OptimizerNames::kSgd) + 1);
 static_assert(Choice<SchedulerType>::size() ==
@@ -125,5 +155,7 @@ static_assert(Choice<SaveStrategy>::size() == static_cast<int>(SaveStrategy::kBe
 static_assert(Choice<MasterWeightsMode>::size() == static_cast<int>(MasterWeightsMode::kOff) + 1);
 static_assert(Choice<LowPrecisionUpdateMode>::size() ==
               static_cast<int>(LowPrecisionUpdateMode::kStochasticRounding) + 1);
+static_assert(Choice<ReportTo>::size() == static_cast<int>(ReportTo::kTensorboard) + 1);
+static_assert(Choice<DdpCommHook>::size() == static_cast<int>(DdpCommHook::kBf16Compress) + 1);
 
 }  // namespace mantissa

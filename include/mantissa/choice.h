@@ -17,12 +17,16 @@ namespace mantissa {
 template <class E>
 struct ChoiceTraits;
 
-/// A value of the enum `E` that is read, written and compared by its spelling, as the string
-/// enums of Hugging Face (`ExplicitEnum`: `args.optim == "adamw_torch"` is true) are.
+/// A value of the enum `E` that is read and written by its spelling, as the string enums of
+/// Hugging Face (`ExplicitEnum`) are, and compared by its enumerator.
 ///
 ///     Choice<SaveStrategy> s = "epoch";            // or SaveStrategy::kEpoch
-///     s == "epoch";  s == SaveStrategy::kEpoch;    // both true
+///     s == SaveStrategy::kEpoch;                   // true
 ///     switch (s.value()) { case SaveStrategy::kEpoch: ... }
+///
+/// Comparing with a string (`s == "epoch"`, Python's `args.save_strategy == "epoch"`) does not
+/// compile: spellings belong to the edge (command line, JSON), and inside the code an enumerator
+/// cannot be misspelt. Use `name()` where the spelling itself is wanted.
 ///
 /// Built from a spelling that `E` does not have, it keeps the text: nothing is checked until
 /// `value()` (or `TrainingArguments::validate()`) is asked, so a setter never throws, and the
@@ -80,20 +84,36 @@ class Choice {
     return out + "]";
   }
 
+  /// The spellings separated by commas, unquoted: "no, steps, epoch".
+  static std::string names_text() {
+    std::string out;
+    for (std::size_t i = 0; i < size(); ++i) {
+      if (i) out += ", ";
+      out += name_at(i);
+    }
+    return out;
+  }
+
   friend bool operator==(const Choice& a, const Choice& b) { return a.name() == b.name(); }
   friend bool operator!=(const Choice& a, const Choice& b) { return !(a == b); }
   friend bool operator==(const Choice& a, E b) { return a.index_ == static_cast<int>(b); }
   friend bool operator!=(const Choice& a, E b) { return !(a == b); }
   friend bool operator==(E a, const Choice& b) { return b == a; }
   friend bool operator!=(E a, const Choice& b) { return !(b == a); }
-  friend bool operator==(const Choice& a, const char* b) { return a.name() == b; }
-  friend bool operator!=(const Choice& a, const char* b) { return !(a == b); }
-  friend bool operator==(const char* a, const Choice& b) { return b == a; }
-  friend bool operator!=(const char* a, const Choice& b) { return !(b == a); }
-  friend bool operator==(const Choice& a, const std::string& b) { return a.name() == b; }
-  friend bool operator!=(const Choice& a, const std::string& b) { return !(a == b); }
-  friend bool operator==(const std::string& a, const Choice& b) { return b == a; }
-  friend bool operator!=(const std::string& a, const Choice& b) { return !(b == a); }
+  // Deleted, so that a comparison with a spelling is an error rather than a quiet conversion
+  // of the string into a Choice (see the class comment).
+  friend bool operator==(const Choice&, const char*) = delete;
+  friend bool operator!=(const Choice&, const char*) = delete;
+  friend bool operator==(const char*, const Choice&) = delete;
+  friend bool operator!=(const char*, const Choice&) = delete;
+  friend bool operator==(const Choice&, const std::string&) = delete;
+  friend bool operator!=(const Choice&, const std::string&) = delete;
+  friend bool operator==(const std::string&, const Choice&) = delete;
+  friend bool operator!=(const std::string&, const Choice&) = delete;
+  friend bool operator==(const Choice&, std::string_view) = delete;
+  friend bool operator!=(const Choice&, std::string_view) = delete;
+  friend bool operator==(std::string_view, const Choice&) = delete;
+  friend bool operator!=(std::string_view, const Choice&) = delete;
 
   /// Writes the spelling.
   friend std::ostream& operator<<(std::ostream& out, const Choice& c) { return out << c.name(); }

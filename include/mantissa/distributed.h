@@ -12,6 +12,8 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <mantissa/distributed_backend.h>
+
 namespace mantissa::distributed {
 
 /// Looks up one environment variable: the value, or `std::nullopt` when it is not set.
@@ -53,14 +55,7 @@ struct DistributedEnvironment {
   static DistributedEnvironment from_env();
 };
 
-/// The collective backends c10d offers here.
-enum class Backend {
-  gloo,  ///< CPU tensors (and CUDA tensors through host copies); always built
-  nccl,  ///< CUDA tensors; only in builds with CUDA
-};
-
-/// `"gloo"` / `"nccl"`, as `torch.distributed` spells them.
-const char* backend_name(Backend backend);
+// Backend and backend_name: include/mantissa/distributed_backend.h.
 
 /// Joins the job described by `env` and returns its process group: the c10d object Python's
 /// `torch.distributed.init_process_group(backend, init_method="env://", timeout=...)` creates

@@ -14,6 +14,7 @@
 #include <mantissa/choice.h>
 #include <mantissa/clip_grad.h>
 #include <mantissa/distributed.h>
+#include <mantissa/distributed_backend.h>
 #include <mantissa/fp8/cast.h>
 #include <mantissa/fp8/convert.h>
 #include <mantissa/fp8/float8_linear.h>

@@ -11,6 +11,7 @@
 
 #include <mantissa/arg.h>
 #include <mantissa/argument_enums.h>
+#include <mantissa/distributed_backend.h>
 #include <mantissa/lr_scheduler_kwargs.h>
 
 /// The fields of `mantissa::TrainingArguments`, one line each: `X(type, name, default, help)`.
@@ -88,7 +89,7 @@
   X(bool, logging_nan_inf_filter, true,                                                            \
     "Leave losses that are inf or nan out of the logged average (each is counted as the mean "     \
     "of the finite ones); training is unaffected.")                                                \
-  X(std::string, report_to, "none",                                                                \
+  X(Choice<ReportTo>, report_to, ReportTo::kNone,                                                  \
     "Where to report logs besides trainer_log.jsonl: none, tensorboard (event files for "          \
     "tensorboard --logdir), all (every integration mantissa has), or several, comma-separated.")   \
   X(std::optional<std::string>, run_name, std::nullopt,                                            \
@@ -186,7 +187,7 @@
   X(std::optional<bool>, ddp_broadcast_buffers, std::nullopt,                                      \
     "Copy rank 0's module buffers (batch-norm statistics) to every process before each forward. "  \
     "Unset: true, as DistributedDataParallel.")                                                    \
-  X(std::string, ddp_comm_hook, "none",                                                            \
+  X(Choice<DdpCommHook>, ddp_comm_hook, DdpCommHook::kNone,                                        \
     "How gradients travel between the processes: none (in their own dtype), fp16_compress or "     \
     "bf16_compress (cast to fp16 / bf16 for the allreduce, half the bytes, and back).")           \
   X(bool, save_on_each_node, false,                                                                \
@@ -225,9 +226,11 @@ namespace mantissa {
 /// `TrainingArguments& name(T)` and getters `const T& name() const` / `T& name()`. Setting
 /// a field checks nothing; `validate()` does (`parse`, `from_json` and the Trainer call it).
 /// The fields that take one of a fixed set of names (`optim`, `lr_scheduler_type`, the three
-/// strategies, `master_weights`) hold a `Choice` of an enum of include/mantissa/argument_enums.h:
-/// set them by enum or by spelling (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare
-/// them with either, and read the enum with `.value()` (`args.optim().value()`).
+/// strategies, `master_weights`, `low_precision_update`, `report_to`, `ddp_comm_hook`) hold a
+/// `Choice` of an enum of include/mantissa/argument_enums.h: set them by enum or by spelling
+/// (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare them with the enum
+/// (`args.optim() == OptimizerNames::kSgd`; a string comparison does not compile), and read the
+/// enum with `.value()` (`args.optim().value()`).
 /// `lr_scheduler_kwargs` holds the schedule's own arguments, an `LrSchedulerKwargs` (names to
 /// integers, floats and strings; include/mantissa/lr_scheduler_kwargs.h):
 /// `.lr_scheduler_kwargs({{"num_cycles", 3}})`; on the command line a JSON object.
@@ -338,7 +341,9 @@ class TrainingArguments {
 
   /// The collective backend of a run on `device`: `ddp_backend` when set, else `nccl` for a
   /// CUDA device and `gloo` for the CPU (HF leaves the choice to accelerate, which does this).
-  std::string resolved_ddp_backend(const c10::Device& device) const;
+  /// Throws `c10::ValueError` for a `ddp_backend` that names neither (which `validate()`
+  /// refuses). Host only.
+  distributed::Backend resolved_ddp_backend(const c10::Device& device) const;
   /// `ddp_find_unused_parameters`, true when unset (HF's value for a model that is not a
   /// `PreTrainedModel`).
   bool resolved_ddp_find_unused_parameters() const;

@@ -19,10 +19,6 @@ namespace {
 // DDP's broadcast_bucket_size for _sync_module_states.
 constexpr std::size_t kBroadcastBucketBytes = 250 * 1024 * 1024;
 
-distributed::Backend backend_of(const std::string& name) {
-  return name == "nccl" ? distributed::Backend::nccl : distributed::Backend::gloo;
-}
-
 // The fields whose values differ between two training_args.json texts, each as
 // "name: <here> (rank 0: <there>)".
 std::vector<std::string> differing_fields(const std::string& mine, const std::string& rank0) {
@@ -55,27 +51,28 @@ std::shared_ptr<Collectives> Collectives::join_if_launched(const TrainingArgumen
   const std::lock_guard<std::mutex> lock(mutex);
   if (joined) {
     TORCH_CHECK_VALUE(joined->backend() == backend, "this process already joined its job with ",
-                      "ddp_backend ", joined->backend(), "; a later Trainer cannot use ", backend);
+                      "ddp_backend ", distributed::backend_name(joined->backend()),
+                      "; a later Trainer cannot use ", distributed::backend_name(backend));
     return joined;
   }
-  TORCH_CHECK_VALUE(backend != "nccl" || device.is_cuda(), "ddp_backend nccl needs a CUDA device, ",
-                    "but this run trains on ", device.str(),
-                    "; use ddp_backend gloo (or leave it unset) for the CPU");
+  TORCH_CHECK_VALUE(backend != distributed::Backend::nccl || device.is_cuda(),
+                    "ddp_backend nccl needs a CUDA device, ", "but this run trains on ",
+                    device.str(), "; use ddp_backend gloo (or leave it unset) for the CPU");
   // NCCL binds to the current device; without this every rank would use cuda:0.
   if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
   const auto timeout = std::chrono::seconds(args.ddp_timeout());
-  auto group = distributed::init_process_group(env, backend_of(backend), timeout);
-  joined =
-      std::make_shared<Collectives>(std::move(env), backend, std::move(group),
-                                    backend == "nccl" ? device : c10::Device(c10::kCPU), timeout);
+  auto group = distributed::init_process_group(env, backend, timeout);
+  joined = std::make_shared<Collectives>(
+      std::move(env), backend, std::move(group),
+      backend == distributed::Backend::nccl ? device : c10::Device(c10::kCPU), timeout);
   return joined;
 }
 
-Collectives::Collectives(distributed::DistributedEnvironment env, std::string backend,
+Collectives::Collectives(distributed::DistributedEnvironment env, distributed::Backend backend,
                          c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
                          std::chrono::milliseconds timeout)
     : env_(std::move(env)),
-      backend_(std::move(backend)),
+      backend_(backend),
       group_(std::move(group)),
       device_(device),
       timeout_(timeout) {}

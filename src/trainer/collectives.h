@@ -40,7 +40,7 @@ class Collectives {
   static std::shared_ptr<Collectives> join_if_launched(const TrainingArguments& args,
                                                        const c10::Device& device);
 
-  Collectives(distributed::DistributedEnvironment env, std::string backend,
+  Collectives(distributed::DistributedEnvironment env, distributed::Backend backend,
               c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
               std::chrono::milliseconds timeout);
 
@@ -49,7 +49,7 @@ class Collectives {
   std::int64_t world_size() const noexcept { return env_.world_size; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const noexcept { return group_; }
   /// `gloo` or `nccl`.
-  const std::string& backend() const noexcept { return backend_; }
+  distributed::Backend backend() const noexcept { return backend_; }
   /// Where the collectives' tensors live: the CPU for gloo, the CUDA device for nccl.
   const c10::Device& device() const noexcept { return device_; }
 
@@ -105,7 +105,7 @@ class Collectives {
 
  private:
   distributed::DistributedEnvironment env_;
-  std::string backend_;
+  distributed::Backend backend_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   c10::Device device_;
   std::chrono::milliseconds timeout_;

@@ -25,8 +25,8 @@ bool DataParallel::should_log() const {
 }
 
 std::string DataParallel::describe() const {
-  return fmt::format(" x {} processes ({}, rank {})", world_size(), collectives_->backend(),
-                     rank());
+  return fmt::format(" x {} processes ({}, rank {})", world_size(),
+                     distributed::backend_name(collectives_->backend()), rank());
 }
 
 std::vector<double> DataParallel::sum(std::vector<double> values) const {

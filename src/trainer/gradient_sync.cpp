@@ -75,9 +75,9 @@ GradientSync::GradientSync(const Collectives& group, torch::nn::Module& module,
       /*gradient_as_bucket_view=*/false, std::unordered_map<std::size_t, std::string>{}, first_cap,
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       /*bucket_bytes_cap_list=*/std::vector<std::int64_t>{});
-  if (args.ddp_comm_hook() == "fp16_compress") {
+  if (args.ddp_comm_hook() == DdpCommHook::kFp16Compress) {
     reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
-  } else if (args.ddp_comm_hook() == "bf16_compress") {
+  } else if (args.ddp_comm_hook() == DdpCommHook::kBf16Compress) {
     reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(group.group()));
   }
 }

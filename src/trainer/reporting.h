@@ -1,10 +1,9 @@
 #pragma once
-// report_to and run_name: which integrations a run reports to, parsed once from the string
-// field, and the callbacks the Trainer adds for them. Internal.
+// report_to: which integrations a run reports to, and the callbacks the Trainer adds for them.
+// Internal. (TrainingArguments::validate() checks report_to and run_name:
+// src/training_arguments/reporting_checks.h.)
 
 #include <memory>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include <mantissa/trainer_callback.h>
@@ -15,14 +14,9 @@ namespace mantissa::detail {
 /// The integrations mantissa can report to. Python: the keys of HF's `INTEGRATION_TO_CALLBACK`.
 enum class Integration { tensorboard };
 
-/// `report_to` as integrations: "none" -> none, "all" -> every one mantissa has, else one name
-/// or several separated by commas ("tensorboard"), each once. Throws c10::ValueError naming the
-/// value and the choices. Python: `get_reporting_integration_callbacks(report_to)`.
-std::vector<Integration> parse_report_to(const std::string& report_to);
-
-/// Checks that `run_name`, when set, can name a folder under `runs/`: not empty, no '/', not
-/// "." or "..". Throws c10::ValueError naming the value.
-void check_run_name(const std::optional<std::string>& run_name);
+/// The integrations `report_to` names: none for `kNone`, every one mantissa has for `kAll`.
+/// Python: the names `get_reporting_integration_callbacks(report_to)` looks up.
+std::vector<Integration> report_integrations(ReportTo report_to);
 
 /// A new callback for each integration `args.report_to()` names, in its order.
 std::vector<std::shared_ptr<TrainerCallback>> make_reporting_callbacks(

@@ -155,6 +155,12 @@ struct CliType<Choice<E>> {
     return text + "}";
   }
 };
+// report_to also takes comma-separated lists, and ddp_comm_hook's help names each choice with
+// what it does, so both show TEXT rather than a {a,b,c} list.
+template <>
+struct CliType<Choice<ReportTo>> : CliType<std::string> {};
+template <>
+struct CliType<Choice<DdpCommHook>> : CliType<std::string> {};
 template <class T>
 struct CliType<std::optional<T>> : CliType<T> {};
 

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <mantissa/distributed.h>
+#include <mantissa/distributed_backend.h>
 #include <mantissa/training_arguments.h>
 
 #include "checked_math.h"
@@ -30,9 +31,9 @@ c10::Device TrainingArguments::device() const {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
-std::string TrainingArguments::resolved_ddp_backend(const c10::Device& device) const {
-  if (ddp_backend_) return *ddp_backend_;
-  return device.is_cuda() ? "nccl" : "gloo";
+distributed::Backend TrainingArguments::resolved_ddp_backend(const c10::Device& device) const {
+  if (ddp_backend_) return Choice<distributed::Backend>(*ddp_backend_).value();
+  return device.is_cuda() ? distributed::Backend::nccl : distributed::Backend::gloo;
 }
 
 bool TrainingArguments::resolved_ddp_find_unused_parameters() const {

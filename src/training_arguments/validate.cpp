@@ -1,4 +1,6 @@
 // TrainingArguments::validate: every value and combination, in HF's words where HF has them.
+// One function per concern; validate() runs them in a fixed order, which decides the error a
+// user sees when several values are wrong at once.
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -10,8 +12,8 @@
 
 #include "checked_math.h"
 #include "device_info.h"
-#include "trainer/reporting.h"
 #include "training_arguments/python_repr.h"
+#include "training_arguments/reporting_checks.h"
 
 namespace mantissa {
 namespace {
@@ -35,6 +37,11 @@ void check_choice(const char* field, const Choice<E>& v) {
                     ChoiceTraits<E>::enum_name, ", please select one of ",
                     Choice<E>::choices_text());
 }
+
+// These two have messages of their own, given with their concern: report_to with the reporting
+// checks (it may be a list), ddp_comm_hook with the distributed ones.
+void check_choice(const char* /*field*/, const Choice<ReportTo>& /*v*/) {}
+void check_choice(const char* /*field*/, const Choice<DdpCommHook>& /*v*/) {}
 
 // The run's counts (examples per optimizer step, optimizer steps, epochs, examples drawn) are
 // int64 in the Trainer and its state. Those that follow from the arguments alone are checked
@@ -78,13 +85,17 @@ void check_step_count(const char* field, double steps) {
                     " is not a number of steps: it must lie in [0, ", detail::kMaxCount, "]");
 }
 
-// load_best_model_at_end loads a checkpoint that holds an evaluation: each evaluation must
-// fall on a saved step, which HF checks the same way.
-void check_best_model_settings(const TrainingArguments& args) {
-  TORCH_CHECK_VALUE(!args.metric_for_best_model() || !args.metric_for_best_model()->empty() &&
-                                                         *args.metric_for_best_model() != "eval_",
+// save_strategy best and load_best_model_at_end. The latter loads a checkpoint that holds an
+// evaluation: each evaluation must fall on a saved step, which HF checks the same way.
+void check_best_model(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(
+      args.save_strategy() != SaveStrategy::kBest || args.eval_strategy() != IntervalStrategy::kNo,
+      "save_strategy best saves when ", args.resolved_metric_for_best_model(),
+      " improves, so it requires an eval_strategy of steps or epoch, got eval_strategy='no'");
+  const auto& metric = args.metric_for_best_model();
+  TORCH_CHECK_VALUE(!metric || (!metric->empty() && *metric != "eval_"),
                     "metric_for_best_model must name a metric (loss, accuracy, ...), got ",
-                    detail::repr(args.metric_for_best_model()));
+                    detail::repr(metric));
   if (!args.load_best_model_at_end() || args.save_strategy() == SaveStrategy::kBest) return;
   const auto eval = args.eval_strategy().name();
   const auto save = args.save_strategy().name();
@@ -118,141 +129,165 @@ void check_best_model_settings(const TrainingArguments& args) {
       detail::repr(eval_steps), ")");
 }
 
-}  // namespace
-
-void TrainingArguments::validate() const {
-  // JSON cannot hold inf or nan, and no field means anything with them.
-#define MANTISSA_TA_CHECK_FINITE_(type, name, default_value, help) check_finite(#name, name##_);
+// JSON cannot hold inf or nan, and no field means anything with them.
+void check_finite_fields(const TrainingArguments& args) {
+#define MANTISSA_TA_CHECK_FINITE_(type, name, default_value, help) check_finite(#name, args.name());
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_FINITE_)
 #undef MANTISSA_TA_CHECK_FINITE_
+}
 
-  // Names of enum fields, in HF's ExplicitEnum wording.
-#define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, name##_);
+// The enum fields name one of their enum's spellings (HF's ExplicitEnum wording), and
+// low_precision_update is a rule the chosen optimizer has.
+void check_choice_fields(const TrainingArguments& args) {
+#define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, args.name());
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
-  const bool fused_optimizer = is_fused_adamw(optim_.value());  // valid: checked above
-  TORCH_CHECK_VALUE(fused_optimizer || low_precision_update_ == LowPrecisionUpdateMode::kAuto ||
-                        low_precision_update_ == LowPrecisionUpdateMode::kNearest,
-                    "low_precision_update ", low_precision_update_,
-                    " is a rule of mantissa's FusedAdamW, but optim is ", optim_,
+  const bool fused_optimizer = is_fused_adamw(args.optim().value());  // valid: checked above
+  const auto& update = args.low_precision_update();
+  TORCH_CHECK_VALUE(fused_optimizer || update == LowPrecisionUpdateMode::kAuto ||
+                        update == LowPrecisionUpdateMode::kNearest,
+                    "low_precision_update ", update,
+                    " is a rule of mantissa's FusedAdamW, but optim is ", args.optim(),
                     "; use --optim adamw_torch_fused (or low_precision_update nearest)");
-  detail::parse_report_to(report_to_);  // report_to and run_name: trainer/reporting.h
-  detail::check_run_name(run_name_);
+}
 
-  // Precision combinations (HF's texts).
+void check_reporting(const TrainingArguments& args) {
+  detail::check_report_to(args.report_to());
+  detail::check_run_name(args.run_name());
+}
+
+// Which precision flags go together (HF's texts).
+void check_precision_flags(const TrainingArguments& args) {
   TORCH_CHECK_VALUE(
-      !(fp16_ && bf16_),
+      !(args.fp16() && args.bf16()),
       "At most one of fp16 and bf16 can be True, but not both (fp16=True, bf16=True)");
-  TORCH_CHECK_VALUE(!(fp16_full_eval_ && bf16_full_eval_),
+  TORCH_CHECK_VALUE(!(args.fp16_full_eval() && args.bf16_full_eval()),
                     "At most one of fp16 and bf16 can be True for full eval, but not both "
                     "(fp16_full_eval=True, bf16_full_eval=True)");
+}
 
-  TORCH_CHECK_VALUE(!output_dir_.empty(), "output_dir must not be empty, got ''");
+void check_output_dir(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(!args.output_dir().empty(), "output_dir must not be empty, got ''");
+}
 
-  // Length and batch.
-  TORCH_CHECK_VALUE(max_steps_ > 0 || num_train_epochs_ > 0,
+// How long the run is and how big its batches are.
+void check_run_length(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.max_steps() > 0 || args.num_train_epochs() > 0,
                     "num_train_epochs must be positive when max_steps <= 0, got num_train_epochs=",
-                    detail::repr(num_train_epochs_), " and max_steps=", max_steps_);
-  TORCH_CHECK_VALUE(per_device_train_batch_size_ > 0,
+                    detail::repr(args.num_train_epochs()), " and max_steps=", args.max_steps());
+  TORCH_CHECK_VALUE(args.per_device_train_batch_size() > 0,
                     "per_device_train_batch_size must be positive, got ",
-                    per_device_train_batch_size_);
-  TORCH_CHECK_VALUE(per_device_eval_batch_size_ > 0,
+                    args.per_device_train_batch_size());
+  TORCH_CHECK_VALUE(args.per_device_eval_batch_size() > 0,
                     "per_device_eval_batch_size must be positive, got ",
-                    per_device_eval_batch_size_);
-  TORCH_CHECK_VALUE(gradient_accumulation_steps_ >= 1,
+                    args.per_device_eval_batch_size());
+  TORCH_CHECK_VALUE(args.gradient_accumulation_steps() >= 1,
                     "gradient_accumulation_steps must be at least 1, got ",
-                    gradient_accumulation_steps_);
-  check_counts_fit(*this);
+                    args.gradient_accumulation_steps());
+  check_counts_fit(args);
+}
 
-  // Optimizer (torch.optim's limits).
-  TORCH_CHECK_VALUE(learning_rate_ >= 0, "learning_rate must be non-negative, got ",
-                    detail::repr(learning_rate_));
-  TORCH_CHECK_VALUE(weight_decay_ >= 0, "weight_decay must be non-negative, got ",
-                    detail::repr(weight_decay_));
-  TORCH_CHECK_VALUE(adam_beta1_ >= 0 && adam_beta1_ < 1, "adam_beta1 must be in [0, 1), got ",
-                    detail::repr(adam_beta1_));
-  TORCH_CHECK_VALUE(adam_beta2_ >= 0 && adam_beta2_ < 1, "adam_beta2 must be in [0, 1), got ",
-                    detail::repr(adam_beta2_));
-  TORCH_CHECK_VALUE(adam_epsilon_ >= 0, "adam_epsilon must be non-negative, got ",
-                    detail::repr(adam_epsilon_));
-  TORCH_CHECK_VALUE(max_grad_norm_ >= 0,
+// The optimizer's hyperparameters (torch.optim's limits).
+void check_optimizer(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.learning_rate() >= 0, "learning_rate must be non-negative, got ",
+                    detail::repr(args.learning_rate()));
+  TORCH_CHECK_VALUE(args.weight_decay() >= 0, "weight_decay must be non-negative, got ",
+                    detail::repr(args.weight_decay()));
+  TORCH_CHECK_VALUE(args.adam_beta1() >= 0 && args.adam_beta1() < 1,
+                    "adam_beta1 must be in [0, 1), got ", detail::repr(args.adam_beta1()));
+  TORCH_CHECK_VALUE(args.adam_beta2() >= 0 && args.adam_beta2() < 1,
+                    "adam_beta2 must be in [0, 1), got ", detail::repr(args.adam_beta2()));
+  TORCH_CHECK_VALUE(args.adam_epsilon() >= 0, "adam_epsilon must be non-negative, got ",
+                    detail::repr(args.adam_epsilon()));
+  TORCH_CHECK_VALUE(args.max_grad_norm() >= 0,
                     "max_grad_norm must be non-negative (0 disables clipping), got ",
-                    detail::repr(max_grad_norm_));
+                    detail::repr(args.max_grad_norm()));
+}
 
-  // Schedule.
-  TORCH_CHECK_VALUE(warmup_steps_ >= 0, "warmup_steps must be non-negative, got ", warmup_steps_);
-  TORCH_CHECK_VALUE(warmup_ratio_ >= 0 && warmup_ratio_ <= 1,
-                    "warmup_ratio must lie in range [0,1], got ", detail::repr(warmup_ratio_));
-  // The schedule's own arguments, relative to the optimizer's lr (which the Trainer sets to
-  // learning_rate) where a schedule reads it.
-  check_lr_scheduler_kwargs(lr_scheduler_type_, lr_scheduler_kwargs_, learning_rate_);
+// The learning-rate schedule: warmup, and the schedule's own arguments.
+void check_schedule(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.warmup_steps() >= 0, "warmup_steps must be non-negative, got ",
+                    args.warmup_steps());
+  TORCH_CHECK_VALUE(args.warmup_ratio() >= 0 && args.warmup_ratio() <= 1,
+                    "warmup_ratio must lie in range [0,1], got ",
+                    detail::repr(args.warmup_ratio()));
+  // Relative to the optimizer's lr (which the Trainer sets to learning_rate) where a schedule
+  // reads it.
+  check_lr_scheduler_kwargs(args.lr_scheduler_type(), args.lr_scheduler_kwargs(),
+                            args.learning_rate());
+}
 
-  // Intervals. HF: a value above 1 must be a whole number of steps; below 1 it is a ratio.
+// The logging, evaluation and save intervals. HF: a value above 1 must be a whole number of
+// steps; below 1 it is a ratio.
+void check_intervals(const TrainingArguments& args) {
   const auto check_interval = [](const char* field, double steps) {
     TORCH_CHECK_VALUE(steps <= 1 || steps == std::floor(steps), "--", field,
                       " must be an integer if bigger than 1: ", detail::repr(steps));
   };
-  if (logging_strategy_ == IntervalStrategy::kSteps) {
-    TORCH_CHECK_VALUE(logging_steps_ > 0,
+  if (args.logging_strategy() == IntervalStrategy::kSteps) {
+    TORCH_CHECK_VALUE(args.logging_steps() > 0,
                       "logging strategy steps requires non-zero --logging_steps (a positive "
                       "number of steps, or a ratio in (0, 1)), got logging_steps=",
-                      detail::repr(logging_steps_));
-    check_interval("logging_steps", logging_steps_);
+                      detail::repr(args.logging_steps()));
+    check_interval("logging_steps", args.logging_steps());
   }
-  if (eval_strategy_ == IntervalStrategy::kSteps) {
-    TORCH_CHECK_VALUE(!eval_steps_ || *eval_steps_ >= 0,
+  if (args.eval_strategy() == IntervalStrategy::kSteps) {
+    TORCH_CHECK_VALUE(!args.eval_steps() || *args.eval_steps() >= 0,
                       "eval_steps must be positive (or unset to follow logging_steps), got ",
-                      detail::repr(eval_steps_));
-    TORCH_CHECK_VALUE(resolved_eval_steps() > 0,
+                      detail::repr(args.eval_steps()));
+    TORCH_CHECK_VALUE(args.resolved_eval_steps() > 0,
                       "evaluation strategy steps requires either non-zero --eval_steps or "
                       "--logging_steps, got eval_steps=",
-                      detail::repr(eval_steps_),
-                      " and logging_steps=", detail::repr(logging_steps_));
-    check_interval("eval_steps", resolved_eval_steps());
+                      detail::repr(args.eval_steps()),
+                      " and logging_steps=", detail::repr(args.logging_steps()));
+    check_interval("eval_steps", args.resolved_eval_steps());
   }
-  if (save_strategy_ == SaveStrategy::kSteps) {
-    TORCH_CHECK_VALUE(save_steps_ > 0,
+  if (args.save_strategy() == SaveStrategy::kSteps) {
+    TORCH_CHECK_VALUE(args.save_steps() > 0,
                       "save strategy steps requires a positive --save_steps (a number of steps, or "
                       "a ratio in (0, 1)), got save_steps=",
-                      detail::repr(save_steps_));
-    check_interval("save_steps", save_steps_);
+                      detail::repr(args.save_steps()));
+    check_interval("save_steps", args.save_steps());
   }
   // Whatever the strategy, the Trainer turns each interval into a step count (and records it in
   // trainer_state.json, as HF does), so each must be one: not negative, and within int64.
-  check_step_count("logging_steps", logging_steps_);
-  check_step_count("save_steps", save_steps_);
-  if (eval_steps_) check_step_count("eval_steps", *eval_steps_);
-  TORCH_CHECK_VALUE(
-      save_strategy_ != SaveStrategy::kBest || eval_strategy_ != IntervalStrategy::kNo,
-      "save_strategy best saves when ", resolved_metric_for_best_model(),
-      " improves, so it requires an eval_strategy of steps or epoch, got eval_strategy='no'");
-  check_best_model_settings(*this);
-  if (label_names_) {
-    for (const auto& name : *label_names_) {
-      TORCH_CHECK_VALUE(!name.empty(), "label_names: a name is empty, in ",
-                        detail::repr(*label_names_));
-    }
-  }
-  TORCH_CHECK_VALUE(!save_total_limit_ || *save_total_limit_ >= 1,
-                    "save_total_limit must be at least 1 (or None to keep every checkpoint), got ",
-                    detail::repr(save_total_limit_));
-  TORCH_CHECK_VALUE(!resume_from_checkpoint_ || !resume_from_checkpoint_->empty(),
-                    "resume_from_checkpoint must be a checkpoint folder or 'latest', got ''");
+  check_step_count("logging_steps", args.logging_steps());
+  check_step_count("save_steps", args.save_steps());
+  if (args.eval_steps()) check_step_count("eval_steps", *args.eval_steps());
+}
 
-  // Loss scaling.
-  TORCH_CHECK_VALUE(loss_scale_ >= 0,
+void check_label_names(const TrainingArguments& args) {
+  if (!args.label_names()) return;
+  for (const auto& name : *args.label_names()) {
+    TORCH_CHECK_VALUE(!name.empty(), "label_names: a name is empty, in ",
+                      detail::repr(*args.label_names()));
+  }
+}
+
+// How many checkpoints are kept, and which one a run continues from.
+void check_checkpoints(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(!args.save_total_limit() || *args.save_total_limit() >= 1,
+                    "save_total_limit must be at least 1 (or None to keep every checkpoint), got ",
+                    detail::repr(args.save_total_limit()));
+  TORCH_CHECK_VALUE(!args.resume_from_checkpoint() || !args.resume_from_checkpoint()->empty(),
+                    "resume_from_checkpoint must be a checkpoint folder or 'latest', got ''");
+}
+
+// The fp16 loss scaler's settings.
+void check_loss_scaling(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.loss_scale() >= 0,
                     "loss_scale must be non-negative (0 = dynamic loss scaling), got ",
-                    detail::repr(loss_scale_));
-  TORCH_CHECK_VALUE(initial_scale_power_ >= 0 && initial_scale_power_ <= 127,
+                    detail::repr(args.loss_scale()));
+  TORCH_CHECK_VALUE(args.initial_scale_power() >= 0 && args.initial_scale_power() <= 127,
                     "initial_scale_power must be in [0, 127] (2^128 overflows float32), got ",
-                    initial_scale_power_);
-  TORCH_CHECK_VALUE(loss_scale_window_ >= 1, "loss_scale_window must be at least 1, got ",
-                    loss_scale_window_);
-  TORCH_CHECK_VALUE(hysteresis_ >= 1,
+                    args.initial_scale_power());
+  TORCH_CHECK_VALUE(args.loss_scale_window() >= 1, "loss_scale_window must be at least 1, got ",
+                    args.loss_scale_window());
+  TORCH_CHECK_VALUE(args.hysteresis() >= 1,
                     "hysteresis must be at least 1 (1 = back off on every overflow), got ",
-                    hysteresis_);
-  TORCH_CHECK_VALUE(min_loss_scale_ >= 0, "min_loss_scale must be non-negative, got ",
-                    detail::repr(min_loss_scale_));
+                    args.hysteresis());
+  TORCH_CHECK_VALUE(args.min_loss_scale() >= 0, "min_loss_scale must be non-negative, got ",
+                    detail::repr(args.min_loss_scale()));
   // The scale lives in a float32 tensor (as torch.amp.GradScaler's does): a larger value would
   // be inf there, and every step would overflow.
   const auto check_float32 = [](const char* field, double scale) {
@@ -261,54 +296,86 @@ void TrainingArguments::validate() const {
                       " does not fit in the float32 that holds the loss scale (at most ",
                       detail::repr(static_cast<double>(std::numeric_limits<float>::max())), ")");
   };
-  check_float32("loss_scale", loss_scale_);
-  check_float32("min_loss_scale", min_loss_scale_);
-  if (max_loss_scale_) check_float32("max_loss_scale", *max_loss_scale_);
-  if (max_loss_scale_) {
-    TORCH_CHECK_VALUE(*max_loss_scale_ > 0 && *max_loss_scale_ >= min_loss_scale_,
+  check_float32("loss_scale", args.loss_scale());
+  check_float32("min_loss_scale", args.min_loss_scale());
+  if (const auto& max_scale = args.max_loss_scale()) {
+    check_float32("max_loss_scale", *max_scale);
+    TORCH_CHECK_VALUE(*max_scale > 0 && *max_scale >= args.min_loss_scale(),
                       "max_loss_scale must be positive and >= min_loss_scale, got max_loss_scale=",
-                      detail::repr(*max_loss_scale_),
-                      " and min_loss_scale=", detail::repr(min_loss_scale_));
+                      detail::repr(*max_scale),
+                      " and min_loss_scale=", detail::repr(args.min_loss_scale()));
   }
-  TORCH_CHECK_VALUE(max_consecutive_nonfinite_ >= 0,
+  TORCH_CHECK_VALUE(args.max_consecutive_nonfinite() >= 0,
                     "max_consecutive_nonfinite must be non-negative (0 = never stop), got ",
-                    max_consecutive_nonfinite_);
+                    args.max_consecutive_nonfinite());
+}
 
-  // Data loading.
-  TORCH_CHECK_VALUE(dataloader_num_workers_ >= 0,
-                    "dataloader_num_workers must be non-negative, got ", dataloader_num_workers_);
-  TORCH_CHECK_VALUE(cuda_graph_warmup_steps_ >= 1,
+void check_data_loading(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.dataloader_num_workers() >= 0,
+                    "dataloader_num_workers must be non-negative, got ",
+                    args.dataloader_num_workers());
+}
+
+void check_cuda_graph(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(args.cuda_graph_warmup_steps() >= 1,
                     "cuda_graph_warmup_steps must be at least 1 (the optimizer state is made by an "
                     "eager step), got ",
-                    cuda_graph_warmup_steps_);
+                    args.cuda_graph_warmup_steps());
+}
 
-  // Several processes.
-  if (ddp_backend_) {
-    const auto& backend = *ddp_backend_;
-    const bool known_to_hf = backend == "mpi" || backend == "xccl" || backend == "hccl" ||
-                             backend == "cncl" || backend == "mccl" || backend == "ccl";
+// Several processes: the backend, the gradient hook, the timeout and the bucket size.
+void check_distributed(const TrainingArguments& args) {
+  if (const auto& backend = args.ddp_backend()) {
+    const bool known_to_hf = *backend == "mpi" || *backend == "xccl" || *backend == "hccl" ||
+                             *backend == "cncl" || *backend == "mccl" || *backend == "ccl";
     TORCH_CHECK_VALUE(
-        backend == "gloo" || backend == "nccl", "ddp_backend: ", detail::repr(backend),
+        Choice<distributed::Backend>(*backend).is_valid(), "ddp_backend: ", detail::repr(*backend),
         known_to_hf ? " is a backend mantissa does not build; " : " is not a collective backend; ",
         "choose gloo (CPU) or nccl (CUDA), or leave it unset");
   }
-  TORCH_CHECK_VALUE(ddp_comm_hook_ == "none" || ddp_comm_hook_ == "fp16_compress" ||
-                        ddp_comm_hook_ == "bf16_compress",
-                    "ddp_comm_hook: ", detail::repr(ddp_comm_hook_),
-                    " is not one of none, fp16_compress, bf16_compress");
+  TORCH_CHECK_VALUE(args.ddp_comm_hook().is_valid(),
+                    "ddp_comm_hook: ", detail::repr(args.ddp_comm_hook()), " is not one of ",
+                    Choice<DdpCommHook>::names_text());
   // In milliseconds the timeout must still fit in int64 (std::chrono::milliseconds).
-  TORCH_CHECK_VALUE(ddp_timeout_ > 0 && ddp_timeout_ <= std::numeric_limits<int64_t>::max() / 1000,
-                    "ddp_timeout must be a positive number of seconds, got ", ddp_timeout_);
   TORCH_CHECK_VALUE(
-      !ddp_bucket_cap_mb_ || (*ddp_bucket_cap_mb_ > 0 && *ddp_bucket_cap_mb_ <= (int64_t{1} << 43)),
-      "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, "
-      "got ",
-      detail::repr(ddp_bucket_cap_mb_));
+      args.ddp_timeout() > 0 && args.ddp_timeout() <= std::numeric_limits<int64_t>::max() / 1000,
+      "ddp_timeout must be a positive number of seconds, got ", args.ddp_timeout());
+  const auto& bucket_cap = args.ddp_bucket_cap_mb();
+  TORCH_CHECK_VALUE(!bucket_cap || (*bucket_cap > 0 && *bucket_cap <= (int64_t{1} << 43)),
+                    "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, "
+                    "got ",
+                    detail::repr(bucket_cap));
+}
 
-  // Hardware: only asked when a precision mode needs it, so plain fp32 runs never touch CUDA.
-  if (bf16_ || fp16_ || bf16_full_eval_ || fp16_full_eval_ || tf32_.value_or(false)) {
-    detail::check_precision_support(*this, detail::query_device_info());
+// Whether this machine can run the requested precision. Only asked when a precision mode needs
+// it, so that plain fp32 runs never touch CUDA.
+void check_hardware(const TrainingArguments& args) {
+  if (args.bf16() || args.fp16() || args.bf16_full_eval() || args.fp16_full_eval() ||
+      args.tf32().value_or(false)) {
+    detail::check_precision_support(args, detail::query_device_info());
   }
+}
+
+}  // namespace
+
+void TrainingArguments::validate() const {
+  check_finite_fields(*this);
+  check_choice_fields(*this);
+  check_reporting(*this);
+  check_precision_flags(*this);
+  check_output_dir(*this);
+  check_run_length(*this);
+  check_optimizer(*this);
+  check_schedule(*this);
+  check_intervals(*this);
+  check_best_model(*this);
+  check_label_names(*this);
+  check_checkpoints(*this);
+  check_loss_scaling(*this);
+  check_data_loading(*this);
+  check_cuda_graph(*this);
+  check_distributed(*this);
+  check_hardware(*this);
 }
 
 }  // namespace mantissa
