@@ -12,6 +12,7 @@
 #include "io/filesystem.h"
 
 #include "io/atomic_file.h"
+#include "io/torch_load.h"
 #include "io/torch_save.h"
 #include "trainer/optimizer_state_table.h"
 
@@ -92,7 +93,7 @@ std::string rng_state_name(std::int64_t process_index, std::int64_t num_processe
 void load_masters(const std::string& path, amp::MasterWeights& masters) {
   loading(path, [&] {
     torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    io::load_torch_archive(path, archive);
     masters.load(archive);
   });
 }
@@ -162,7 +163,7 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
   loading(file("optimizer.pt"), [&] {
     torch::serialize::InputArchive archive;
-    archive.load_from(file("optimizer.pt"));
+    io::load_torch_archive(file("optimizer.pt"), archive);
     parts.optimizer->load(archive);
     check_optimizer_state(*parts.optimizer);
   });
@@ -182,7 +183,7 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
                " (dropout, ...) starts afresh instead of where it stood");
     return;
   }
-  loading(rng_file, [&] { restore_rng_states(torch::pickle_load(io::read_file(rng_file))); });
+  loading(rng_file, [&] { restore_rng_states(io::load_torch_file(rng_file)); });
 }
 
 void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,
