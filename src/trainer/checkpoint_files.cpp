@@ -14,6 +14,8 @@
 #include "io/atomic_file.h"
 #include "io/torch_load.h"
 #include "io/torch_save.h"
+#include "shorten.h"
+#include "trainer/optimizer_family.h"
 #include "trainer/optimizer_state_table.h"
 
 namespace mantissa::detail {
@@ -36,17 +38,18 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
 // error's C++ backtrace (the outer error carries its own). A value error stays a value error.
 template <typename Fn>
 void loading(const std::string& path, Fn&& load) {
-  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
+  const auto shown = shorten_path(path);
+  TORCH_CHECK(io::path_exists(path), "checkpoint file '", shown, "' is missing");
   try {
     io::check_regular_file(path);
     load();
   } catch (const c10::ValueError& e) {
-    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path,
+    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", shown,
                       "': ", e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
+    TORCH_CHECK(false, "cannot load checkpoint file '", shown, "': ", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what());
+    TORCH_CHECK(false, "cannot load checkpoint file '", shown, "': ", e.what());
   }
 }
 
@@ -164,6 +167,7 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("optimizer.pt"), [&] {
     torch::serialize::InputArchive archive;
     io::load_torch_archive(file("optimizer.pt"), archive);
+    check_optimizer_family(*parts.optimizer, archive);
     parts.optimizer->load(archive);
     check_optimizer_state(*parts.optimizer);
   });
