@@ -73,7 +73,8 @@ TEST(TorchLoadTest, RefusesAStorageBeyondItsRecord) {
 TEST(TorchLoadTest, ChecksTensorsInNestedContainers) {
   auto storage_of_two = torch::zeros({2});
   auto beyond = torch::empty({0}).set_(storage_of_two.storage(), 0, {2}, {1});
-  beyond.unsafeGetTensorImpl()->set_sizes_and_strides({5}, {1});  // what a hostile pickle makes
+  const std::vector<int64_t> sizes{5}, strides{1};
+  beyond.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);  // as a hostile pickle does
   c10::impl::GenericList list(c10::AnyType::get());
   list.push_back(c10::ivalue::Tuple::create({c10::IValue(int64_t{1}), c10::IValue(beyond)}));
   EXPECT_THAT(error_of([&] { mantissa::io::check_tensors_fit_storage(list, "x"); }),

@@ -71,7 +71,8 @@ void agree_on_world_size(c10d::Store& store, const DistributedEnvironment& env,
 }
 
 QuietC10dWarnings::QuietC10dWarnings() : previous_(FLAGS_caffe2_log_level) {
-  if (FLAGS_caffe2_log_level < c10::GLOG_ERROR) FLAGS_caffe2_log_level = c10::GLOG_ERROR;
+  // c10d logs its failed connects at ERROR (with the exception's backtrace); FATAL still shows.
+  if (FLAGS_caffe2_log_level < c10::GLOG_FATAL) FLAGS_caffe2_log_level = c10::GLOG_FATAL;
 }
 
 QuietC10dWarnings::~QuietC10dWarnings() { FLAGS_caffe2_log_level = previous_; }

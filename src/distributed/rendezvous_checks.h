@@ -25,9 +25,9 @@ void check_master_addr_resolves(const DistributedEnvironment& env);
 void agree_on_world_size(c10d::Store& store, const DistributedEnvironment& env,
                          std::chrono::milliseconds timeout);
 
-/// Sets c10's log level to ERROR while it lives, restoring the previous one: c10d prints a
-/// warning with a full C++ backtrace at every failed connect attempt, and the error that ends
-/// the attempts says everything they would.
+/// Raises c10's log level to FATAL while it lives, restoring the previous one: c10d logs a
+/// warning or an error, each with a full C++ backtrace, at every failed connect attempt, and the
+/// exception that ends the attempts says everything they would.
 class QuietC10dWarnings {
  public:
   QuietC10dWarnings();
