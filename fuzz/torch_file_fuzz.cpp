@@ -68,11 +68,13 @@ std::vector<std::pair<char, std::pair<std::string, std::string>>> real_files() {
 
 void write_seeds(const std::string& dir) {
   mantissa::io::create_directories(dir);
-  for (const auto& [selector, file] : real_files()) {
-    const auto& [name, bytes] = file;
-    const auto put = [&, sel = selector](const std::string& seed, std::size_t size) {
+  for (const auto& entry : real_files()) {
+    const char selector = entry.first;
+    const std::string& name = entry.second.first;
+    const std::string& bytes = entry.second.second;
+    const auto put = [&](const std::string& seed, std::size_t size) {
       mantissa_fuzz::write_bytes(mantissa::io::join_path(dir, seed),
-                                 std::string(1, sel) + bytes.substr(0, size));
+                                 std::string(1, selector) + bytes.substr(0, size));
     };
     put("valid-" + name, bytes.size());
     for (std::size_t cut = 1; cut <= 64 && cut <= bytes.size(); ++cut) {
