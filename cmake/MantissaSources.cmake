@@ -54,6 +54,7 @@ set(MANTISSA_CXX_SOURCES
   src/io/safetensors.cpp
   src/io/filesystem.cpp
   src/io/torch_save.cpp
+  src/io/torch_load.cpp
   src/io/json_reader.cpp
   src/io/tfrecord.cpp
   src/io/tensorboard_event.cpp
@@ -76,6 +77,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/interval_policy.cpp
   src/trainer/loss_window.cpp
   src/trainer/optimizer_factory.cpp
+  src/trainer/optimizer_family.cpp
   src/trainer/eager_engine.cpp
   src/trainer/collectives.cpp
   src/trainer/data_parallel.cpp
@@ -98,6 +100,7 @@ set(MANTISSA_CXX_SOURCES
   src/distributed/environment.cpp
   src/distributed/sampler.cpp
   src/distributed/process_group.cpp
+  src/distributed/rendezvous_checks.cpp
   src/fp8/recipe.cpp
   src/fp8/cast.cpp
   src/fp8/scaling_state.cpp

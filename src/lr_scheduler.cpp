@@ -14,7 +14,9 @@
 #include <variant>
 
 #include "io/atomic_file.h"
+#include "io/torch_load.h"
 #include "io/torch_save.h"
+#include "shorten.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -181,7 +183,7 @@ class KwargsReader {
       if (*s == kShapeNames[i]) return static_cast<Shape>(i);
     }
     // HF's text.
-    const std::string shown = s->size() > 60 ? s->substr(0, 60) + "..." : *s;
+    const std::string shown = detail::shorten(*s, 60);
     TORCH_CHECK_VALUE(false, "lr_scheduler_kwargs: Unknown ", what, " type: ", shown,
                       ", expected 'linear', 'cosine' or '1-sqrt' (", key, " of ", name_, ")");
     std::abort();  // unreachable
@@ -675,7 +677,7 @@ void LrScheduler::save(const std::string& path) const {
 }
 
 void LrScheduler::load(const std::string& path) {
-  const auto value = torch::pickle_load(io::read_file(path));
+  const auto value = io::load_torch_file(path);
   TORCH_CHECK_VALUE(value.isGenericDict(), "'", path,
                     "' does not hold an LrScheduler state dict, but a ", value.tagKind());
   load_state_dict(value.toGenericDict());

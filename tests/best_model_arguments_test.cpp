@@ -15,6 +15,7 @@ using mantissa::TrainingArguments;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::ThrowsMessage;
 
 TEST(BestModelArgumentsTest, LabelNamesTakeOneOrMoreValuesOnTheCommandLine) {
@@ -69,6 +70,10 @@ TEST(BestModelArgumentsTest, LoadBestModelAtEndNeedsSavesAtTheEvaluations) {
               ThrowsMessage<c10::ValueError>(HasSubstr("the same way")));
   EXPECT_THAT([&] { TrainingArguments(base).eval_steps(0.2).save_steps(0.3).validate(); },
               ThrowsMessage<c10::ValueError>(HasSubstr("whole multiple")));
+  // A ratio below half a millionth is no multiple of anything: the message says why.
+  EXPECT_THAT([&] { TrainingArguments(base).eval_steps(1e-9).save_steps(1e-9).validate(); },
+              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr("eval_steps (1e-09) rounds to zero"),
+                                                   Not(HasSubstr("multiple")))));
   EXPECT_NO_THROW(TrainingArguments(base).eval_steps(100).save_steps(500).validate());
   EXPECT_NO_THROW(TrainingArguments(base).eval_steps(0.1).save_steps(0.3).validate());
   EXPECT_NO_THROW(TrainingArguments(base).save_strategy("best").validate());

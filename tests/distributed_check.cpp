@@ -9,6 +9,10 @@
 //     TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent does. With --kill-rank R, rank R
 //     exits right after joining, and every other rank must then fail (exit non-zero) instead of
 //     hanging. Ranks still running at the deadline are killed and the check fails.
+//     Started wrongly on purpose, every rank must fail, each with a message that contains
+//     --expect-error TEXT and no C++ backtrace ("frame #"): --world-size-of-rank R N tells rank
+//     R that the world has N ranks, --master-addr A gives every rank MASTER_ADDR=A, and
+//     --without-rank0 starts every rank but rank 0 (nobody hosts the store).
 //   distributed_check rank [--die-after-init] [--timeout-s S] [--nccl]
 //     one rank: an allreduce (sum), a broadcast from rank 0, an allgather and a barrier, each
 //     result compared with what it must be. With --nccl over NCCL on cuda:LOCAL_RANK (exit 77,
@@ -19,7 +23,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,7 +108,53 @@ int run_rank(bool die_after_init, int timeout_s, bool nccl) {
   return ok ? 0 : 1;
 }
 
-int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool nccl) {
+// How to start the ranks wrongly, and what every rank must then say.
+struct Miscast {
+  int rank = -1;  // --world-size-of-rank R N: rank R is told WORLD_SIZE=N
+  int told_world = 0;
+  std::string master_addr;  // --master-addr A
+  bool without_rank0 = false;
+  std::string expect_error;  // --expect-error TEXT; empty: the job must succeed
+};
+
+// A fresh folder under $TMPDIR (or /tmp) for the ranks' output.
+std::string temp_directory() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/distributed-check-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return pattern;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every rank failed (did not hang), and each one's output names the mistake without a backtrace.
+bool check_miscast(const Miscast& miscast, const std::vector<int>& ranks,
+                   const std::vector<int>& status, const std::vector<std::string>& outputs) {
+  bool ok = true;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto text = read_text(outputs[i]);
+    std::cout << "launcher: rank " << ranks[i] << " exited with " << status[i] << ", saying:\n"
+              << text << std::endl;
+    ok &= status[i] != 0 && status[i] != -1;
+    if (text.find(miscast.expect_error) == std::string::npos) {
+      std::cout << "launcher: rank " << ranks[i] << " did not say '" << miscast.expect_error << "'"
+                << std::endl;
+      ok = false;
+    }
+    if (text.find("frame #") != std::string::npos) {
+      std::cout << "launcher: rank " << ranks[i] << " printed a C++ backtrace" << std::endl;
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool nccl,
+          const Miscast& miscast) {
   namespace mt = mantissa::testing;
   c10::intrusive_ptr<c10d::TCPStore> agent;  // lives until the ranks are done
   uint16_t port = 0;
@@ -121,9 +173,20 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool 
 
   const auto base = mt::environment_without_launcher_variables();
   std::vector<pid_t> pids;
+  std::vector<int> ranks;
+  std::vector<std::string> outputs;
+  const bool miscast_run = !miscast.expect_error.empty();
+  const std::string output_dir = miscast_run ? temp_directory() : "";
   for (int rank = 0; rank < world_size; ++rank) {
+    if (miscast.without_rank0 && rank == 0) continue;
     std::vector<std::string> env = base;
-    for (const auto& kv : mt::rank_variables(rank, world_size, port)) env.push_back(kv);
+    const int told = rank == miscast.rank ? miscast.told_world : world_size;
+    for (auto kv : mt::rank_variables(rank, told, port)) {
+      if (!miscast.master_addr.empty() && kv.rfind("MASTER_ADDR=", 0) == 0) {
+        kv = "MASTER_ADDR=" + miscast.master_addr;
+      }
+      env.push_back(kv);
+    }
     if (agent_store) {
       env.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
       env.push_back("TORCHELASTIC_RESTART_COUNT=0");
@@ -133,7 +196,9 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool 
     if (rank == kill_rank) args.push_back("--die-after-init");
     if (nccl) args.push_back("--nccl");
     try {
-      pids.push_back(mt::start_process("/proc/self/exe", args, env));
+      outputs.push_back(miscast_run ? output_dir + "/rank" + std::to_string(rank) + ".txt" : "");
+      pids.push_back(mt::start_process("/proc/self/exe", args, env, outputs.back()));
+      ranks.push_back(rank);
     } catch (const std::exception& e) {
       std::cerr << "launcher: rank " << rank << ": " << e.what() << std::endl;
       for (pid_t p : pids) ::kill(p, SIGKILL);
@@ -142,6 +207,11 @@ int spawn(int world_size, bool agent_store, int kill_rank, int deadline_s, bool 
   }
 
   const auto status = mt::wait_for(pids, deadline_s);
+  if (miscast_run) {
+    const bool ok = check_miscast(miscast, ranks, status, outputs);
+    std::cout << "launcher: " << (ok ? "PASSED" : "FAILED") << std::endl;
+    return ok ? 0 : 1;
+  }
   if (std::all_of(status.begin(), status.end(), [](int s) { return s == kNoCuda; })) {
     std::cout << "launcher: SKIPPED (no CUDA device for NCCL)" << std::endl;
     return kNoCuda;
@@ -189,8 +259,18 @@ int main(int argc, char** argv) {
       // NCCL: one rank per GPU, as many as scripts/gpu-check found (MANTISSA_NCCL_RANKS).
       const char* gpus = std::getenv("MANTISSA_NCCL_RANKS");
       const int default_world = flag("--nccl") ? (gpus != nullptr ? std::atoi(gpus) : 1) : 2;
+      Miscast miscast;
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "--master-addr") miscast.master_addr = args[i + 1];
+        if (args[i] == "--expect-error") miscast.expect_error = args[i + 1];
+        if (args[i] == "--world-size-of-rank" && i + 2 < args.size()) {
+          miscast.rank = std::stoi(args[i + 1]);
+          miscast.told_world = std::stoi(args[i + 2]);
+        }
+      }
+      miscast.without_rank0 = flag("--without-rank0");
       return spawn(number("--world-size", std::max(default_world, 1)), flag("--agent-store"),
-                   number("--kill-rank", -1), number("--deadline-s", 60), flag("--nccl"));
+                   number("--kill-rank", -1), number("--deadline-s", 60), flag("--nccl"), miscast);
     }
     std::cerr << "usage: distributed_check spawn [--world-size N] [--agent-store] "
                  "[--kill-rank R] [--deadline-s S] | rank [--die-after-init] [--timeout-s S]"

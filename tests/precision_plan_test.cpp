@@ -1,4 +1,8 @@
 // The precision plan: a pure function of the arguments and the model's parameter dtype.
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +69,42 @@ TEST(PrecisionPlanTest, AFlagThatContradictsTheModelDtypeIsRefused) {
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("use --bf16")));
   EXPECT_THAT([] { make_precision_plan(TrainingArguments().bf16(true), c10::kHalf); },
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("use --fp16")));
+}
+
+}  // namespace
+
+namespace {
+
+// TORCH_WARN's messages while it lives.
+class Warnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_{this};
+};
+
+TEST(PrecisionPlanTest, WarnsThatAnUpdateRuleDoesNothingForFp32Weights) {
+  const auto args =
+      TrainingArguments().optim("adamw_torch_fused").low_precision_update("kahan").bf16(true);
+  Warnings fp32_model;
+  make_precision_plan(args, c10::kFloat);
+  ASSERT_EQ(fp32_model.messages.size(), 1u);
+  EXPECT_THAT(fp32_model.messages[0],
+              HasSubstr("--low_precision_update kahan has no effect in this run (bf16 autocast, "
+                        "fp32 weights"));
+}
+
+TEST(PrecisionPlanTest, UpdateRuleForPureBf16WeightsWarnsNothing) {
+  Warnings pure_bf16;
+  make_precision_plan(TrainingArguments()
+                          .optim("adamw_torch_fused")
+                          .low_precision_update("kahan")
+                          .master_weights("off"),
+                      c10::kBFloat16);
+  make_precision_plan(TrainingArguments(), c10::kFloat);  // auto: nothing asked, nothing said
+  EXPECT_TRUE(pure_bf16.messages.empty());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "cuda_capture.h"
 #include "io/atomic_file.h"
+#include "io/torch_load.h"
 #include "io/torch_save.h"
 
 namespace mantissa::amp {
@@ -479,7 +480,7 @@ void GradScaler::save(const std::string& path) const {
 }
 
 void GradScaler::load(const std::string& path) {
-  const auto value = torch::pickle_load(io::read_file(path));
+  const auto value = io::load_torch_file(path);
   TORCH_CHECK_VALUE(value.isGenericDict(), "'", path, "' does not hold a GradScaler state dict, ",
                     "but a ", value.tagKind());
   load_state_dict(value.toGenericDict());

@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "distributed/rendezvous_checks.h"
 #include "mantissa/distributed.h"
 
 namespace mantissa::distributed {
@@ -52,6 +53,9 @@ c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
   TORCH_CHECK_VALUE(!env.master_addr.empty() && env.master_port != 0,
                     "init_process_group: MASTER_ADDR and MASTER_PORT must both be set (they are '",
                     env.master_addr, "' and ", env.master_port, ")");
+  detail::check_master_addr_resolves(env);
+  // c10d warns with a C++ backtrace at each failed connect; the error below says it all.
+  const detail::QuietC10dWarnings quiet;
   c10d::TCPStoreOptions options;
   options.port = env.master_port;
   options.numWorkers = static_cast<size_t>(env.world_size);
@@ -65,6 +69,8 @@ c10::intrusive_ptr<c10d::Store> create_store(const DistributedEnvironment& env,
   }
   options.isServer = env.rank == 0;
   options.multiTenant = true;
+  // Not c10d's count of connected workers: agree_on_world_size waits for each rank by name.
+  options.waitWorkers = false;
   try {
     if (options.isServer) return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     return connect_within(env.master_addr, options, timeout);
@@ -138,6 +144,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const DistributedEnvir
                     timeout.count(), " ms");
   auto store = create_store(env, timeout);
   store->setTimeout(timeout);
+  if (env.is_distributed()) detail::agree_on_world_size(*store, env, timeout);
   // The key layout of Python's default group (distributed_c10d.py): "default_pg", then the group
   // name "0/", then the device, so a C++ rank and a Python rank could share one store.
   auto group_store = c10::make_intrusive<c10d::PrefixStore>(

@@ -10,6 +10,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "shorten.h"
+
 namespace mantissa::io {
 namespace {
 
@@ -21,14 +23,16 @@ void write_file_atomically_streamed(const std::string& path,
                                     const std::function<void(const ChunkWriter& write)>& produce) {
   std::string tmp = path + ".tmp.XXXXXX";
   const int fd = ::mkstemp(tmp.data());
-  TORCH_CHECK(fd >= 0, "cannot create a temporary file next to '", path, "': ", errno_text());
+  TORCH_CHECK(fd >= 0, "cannot create a temporary file next to '",
+              mantissa::detail::shorten_path(path), "': ", errno_text());
   bool cleaned_up = false;  // closing twice could close a descriptor another thread just opened
   auto fail = [&](const char* what) {
     const std::string reason = errno_text();
     ::close(fd);
     ::unlink(tmp.c_str());
     cleaned_up = true;
-    TORCH_CHECK(false, "cannot write '", path, "' (", what, "): ", reason);
+    TORCH_CHECK(false, "cannot write '", mantissa::detail::shorten_path(path), "' (", what,
+                "): ", reason);
   };
   const ChunkWriter write = [&](std::string_view chunk) {
     const char* data = chunk.data();
@@ -55,12 +59,14 @@ void write_file_atomically_streamed(const std::string& path,
   if (::close(fd) != 0) {
     const std::string reason = errno_text();
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot write '", path, "' (close): ", reason);
+    TORCH_CHECK(false, "cannot write '", mantissa::detail::shorten_path(path),
+                "' (close): ", reason);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string reason = errno_text();
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot move '", tmp, "' to '", path, "': ", reason);
+    TORCH_CHECK(false, "cannot move '", mantissa::detail::shorten_path(tmp), "' to '",
+                mantissa::detail::shorten_path(path), "': ", reason);
   }
 }
 
@@ -87,17 +93,18 @@ class RegularFile {
     do {
       fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     } while (fd_ < 0 && errno == EINTR);
-    TORCH_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
+    TORCH_CHECK(fd_ >= 0, "cannot open '", mantissa::detail::shorten_path(path),
+                "': ", errno_text());
     struct stat info {};
     if (::fstat(fd_, &info) != 0) {
       const std::string reason = errno_text();
       ::close(fd_);
-      TORCH_CHECK(false, "cannot read '", path, "': ", reason);
+      TORCH_CHECK(false, "cannot read '", mantissa::detail::shorten_path(path), "': ", reason);
     }
     if (!S_ISREG(info.st_mode)) {
       ::close(fd_);
-      TORCH_CHECK(false, "cannot read '", path, "': it is ", file_kind(info.st_mode),
-                  ", not a regular file");
+      TORCH_CHECK(false, "cannot read '", mantissa::detail::shorten_path(path), "': it is ",
+                  file_kind(info.st_mode), ", not a regular file");
     }
     size_ = static_cast<std::uint64_t>(info.st_size);
   }
@@ -119,14 +126,15 @@ void check_regular_file(const std::string& path) { RegularFile file(path); }
 
 std::vector<char> read_file(const std::string& path, std::uint64_t max_bytes) {
   RegularFile file(path);
-  TORCH_CHECK(file.size() <= max_bytes, "cannot read '", path, "': it has ", file.size(),
-              " bytes, more than the ", max_bytes, " this reader accepts");
+  TORCH_CHECK(file.size() <= max_bytes, "cannot read '", mantissa::detail::shorten_path(path),
+              "': it has ", file.size(), " bytes, more than the ", max_bytes,
+              " this reader accepts");
   std::vector<char> bytes(static_cast<std::size_t>(file.size()));
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(file.fd(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    TORCH_CHECK(n >= 0, "cannot read '", path, "': ", errno_text());
+    TORCH_CHECK(n >= 0, "cannot read '", mantissa::detail::shorten_path(path), "': ", errno_text());
     if (n == 0) break;  // the file shrank while we read it: return what is there
     done += static_cast<std::size_t>(n);
   }

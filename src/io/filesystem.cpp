@@ -11,6 +11,8 @@
 #include <cstring>
 #include <memory>
 
+#include "shorten.h"
+
 namespace mantissa::io {
 namespace {
 
@@ -23,7 +25,8 @@ using DirHandle = std::unique_ptr<DIR, DirCloser>;
 
 DirHandle open_directory(const std::string& path) {
   DirHandle dir(::opendir(path.c_str()));
-  TORCH_CHECK(dir != nullptr, "cannot list directory '", path, "': ", errno_text(errno));
+  TORCH_CHECK(dir != nullptr, "cannot list directory '", mantissa::detail::shorten_path(path),
+              "': ", errno_text(errno));
   return dir;
 }
 
@@ -34,7 +37,8 @@ std::vector<std::string> read_names(DIR* dir, const std::string& path) {
     errno = 0;
     const dirent* entry = ::readdir(dir);
     if (entry == nullptr) {
-      TORCH_CHECK(errno == 0, "cannot list directory '", path, "': ", errno_text(errno));
+      TORCH_CHECK(errno == 0, "cannot list directory '", mantissa::detail::shorten_path(path),
+                  "': ", errno_text(errno));
       break;
     }
     const char* name = entry->d_name;
@@ -48,7 +52,8 @@ std::size_t remove_recursively(const std::string& path) {
   struct stat info {};
   if (::lstat(path.c_str(), &info) != 0) {
     if (errno == ENOENT) return 0;
-    TORCH_CHECK(false, "cannot remove '", path, "': ", errno_text(errno));
+    TORCH_CHECK(false, "cannot remove '", mantissa::detail::shorten_path(path),
+                "': ", errno_text(errno));
   }
   std::size_t removed = 0;
   if (S_ISDIR(info.st_mode)) {
@@ -58,11 +63,11 @@ std::size_t remove_recursively(const std::string& path) {
       names = read_names(dir.get(), path);
     }
     for (const auto& name : names) removed += remove_recursively(join_path(path, name));
-    TORCH_CHECK(::rmdir(path.c_str()) == 0 || errno == ENOENT, "cannot remove directory '", path,
-                "': ", errno_text(errno));
+    TORCH_CHECK(::rmdir(path.c_str()) == 0 || errno == ENOENT, "cannot remove directory '",
+                mantissa::detail::shorten_path(path), "': ", errno_text(errno));
   } else {
-    TORCH_CHECK(::unlink(path.c_str()) == 0 || errno == ENOENT, "cannot remove '", path,
-                "': ", errno_text(errno));
+    TORCH_CHECK(::unlink(path.c_str()) == 0 || errno == ENOENT, "cannot remove '",
+                mantissa::detail::shorten_path(path), "': ", errno_text(errno));
   }
   return removed + 1;
 }
@@ -91,11 +96,13 @@ void create_directories(const std::string& path) {
     const int error = errno;
     struct stat info {};
     if (::stat(prefix.c_str(), &info) == 0) {
-      TORCH_CHECK(S_ISDIR(info.st_mode), "cannot create directory '", path, "': '", prefix,
-                  "' exists and is not a directory");
+      TORCH_CHECK(S_ISDIR(info.st_mode), "cannot create directory '",
+                  mantissa::detail::shorten_path(path), "': '",
+                  mantissa::detail::shorten_path(prefix), "' exists and is not a directory");
       continue;
     }
-    TORCH_CHECK(false, "cannot create directory '", prefix, "': ", errno_text(error));
+    TORCH_CHECK(false, "cannot create directory '", mantissa::detail::shorten_path(prefix),
+                "': ", errno_text(error));
   }
 }
 
@@ -112,7 +119,8 @@ std::vector<std::string> list_directory(const std::string& path) {
 }
 
 void rename_path(const std::string& from, const std::string& to) {
-  TORCH_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot rename '", from, "' to '", to,
+  TORCH_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot rename '",
+              mantissa::detail::shorten_path(from), "' to '", mantissa::detail::shorten_path(to),
               "': ", errno_text(errno));
 }
 
@@ -123,8 +131,8 @@ std::string make_temp_directory(const std::string& parent, const std::string& pr
     base = (tmpdir != nullptr && *tmpdir != '\0') ? tmpdir : "/tmp";
   }
   std::string templ = join_path(base, prefix + "XXXXXX");
-  TORCH_CHECK(::mkdtemp(templ.data()) != nullptr, "cannot create a temporary directory '", templ,
-              "': ", errno_text(errno));
+  TORCH_CHECK(::mkdtemp(templ.data()) != nullptr, "cannot create a temporary directory '",
+              mantissa::detail::shorten_path(templ), "': ", errno_text(errno));
   return templ;
 }
 

@@ -1,5 +1,7 @@
 #include "io/json_reader.h"
 
+#include "shorten.h"
+
 #include <string>
 #include <vector>
 
@@ -58,14 +60,6 @@ void check_shape_of_text(std::string_view text, std::size_t max_depth) {
   }
 }
 
-// Cuts `text` to at most `max_chars` bytes without splitting a UTF-8 sequence.
-void cut_utf8(std::string& text, std::size_t max_chars) {
-  if (text.size() <= max_chars) return;
-  std::size_t end = max_chars;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  text.resize(end);
-}
-
 }  // namespace
 
 template <class Json>
@@ -75,12 +69,7 @@ Json parse_json_text(std::string_view text, std::size_t max_depth,
   try {
     return Json::parse(text.begin(), text.end(), callback);
   } catch (const typename Json::exception& e) {  // parse_error, or out_of_range for 1e400
-    std::string message = e.what();
-    if (message.size() > kMaxParseMessage) {
-      cut_utf8(message, kMaxParseMessage);
-      message += "...";
-    }
-    throw JsonTextError(message);
+    throw JsonTextError(detail::shorten(e.what(), kMaxParseMessage));
   }
 }
 
@@ -133,9 +122,9 @@ std::string describe_json(const Json& value, std::size_t max_chars) {
     }
     open(*item);  // may grow `stack`; `top` is not used after this
   }
+  // Unfinished: marked "..." even where what was written fits in `max_chars`.
   if (full() || !stack.empty()) {
-    cut_utf8(out, max_chars);
-    out += "...";
+    return out.size() > max_chars ? detail::shorten(out, max_chars) : out + "...";
   }
   return out;
 }

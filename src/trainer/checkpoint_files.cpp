@@ -12,7 +12,10 @@
 #include "io/filesystem.h"
 
 #include "io/atomic_file.h"
+#include "io/torch_load.h"
 #include "io/torch_save.h"
+#include "shorten.h"
+#include "trainer/optimizer_family.h"
 #include "trainer/optimizer_state_table.h"
 
 namespace mantissa::detail {
@@ -35,17 +38,18 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
 // error's C++ backtrace (the outer error carries its own). A value error stays a value error.
 template <typename Fn>
 void loading(const std::string& path, Fn&& load) {
-  TORCH_CHECK(io::path_exists(path), "checkpoint file '", path, "' is missing");
+  const auto shown = shorten_path(path);
+  TORCH_CHECK(io::path_exists(path), "checkpoint file '", shown, "' is missing");
   try {
     io::check_regular_file(path);
     load();
   } catch (const c10::ValueError& e) {
-    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", path,
+    TORCH_CHECK_VALUE(false, "cannot load checkpoint file '", shown,
                       "': ", e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what_without_backtrace());
+    TORCH_CHECK(false, "cannot load checkpoint file '", shown, "': ", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cannot load checkpoint file '", path, "': ", e.what());
+    TORCH_CHECK(false, "cannot load checkpoint file '", shown, "': ", e.what());
   }
 }
 
@@ -92,7 +96,7 @@ std::string rng_state_name(std::int64_t process_index, std::int64_t num_processe
 void load_masters(const std::string& path, amp::MasterWeights& masters) {
   loading(path, [&] {
     torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    io::load_torch_archive(path, archive);
     masters.load(archive);
   });
 }
@@ -162,7 +166,8 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
   loading(file("optimizer.pt"), [&] {
     torch::serialize::InputArchive archive;
-    archive.load_from(file("optimizer.pt"));
+    io::load_torch_archive(file("optimizer.pt"), archive);
+    check_optimizer_family(*parts.optimizer, archive);
     parts.optimizer->load(archive);
     check_optimizer_state(*parts.optimizer);
   });
@@ -182,7 +187,7 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
                " (dropout, ...) starts afresh instead of where it stood");
     return;
   }
-  loading(rng_file, [&] { restore_rng_states(torch::pickle_load(io::read_file(rng_file))); });
+  loading(rng_file, [&] { restore_rng_states(io::load_torch_file(rng_file)); });
 }
 
 void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,

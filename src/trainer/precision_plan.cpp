@@ -62,7 +62,36 @@ optim::LowPrecisionUpdate low_precision_update_rule(const TrainingArguments& arg
   return optim::LowPrecisionUpdate::kNearest;
 }
 
+namespace {
+
+PrecisionPlan plan_without_warnings(const TrainingArguments& args, c10::ScalarType param_dtype);
+
+// An update rule the arguments name explicitly but the plan does not use (the weights are not
+// pure bf16/fp16, so the optimizer updates fp32 values and rounds nothing): worth a warning, as
+// nothing else would tell the user.
+void warn_unused_update_rule(const TrainingArguments& args, const PrecisionPlan& plan) {
+  const auto mode = args.low_precision_update().value();
+  if (mode == LowPrecisionUpdateMode::kAuto || mode == LowPrecisionUpdateMode::kNearest ||
+      plan.weights == WeightsMode::kPureLowPrecision) {
+    return;
+  }
+  TORCH_WARN("--low_precision_update ", args.low_precision_update(), " has no effect in this run (",
+             plan.describe(),
+             "): it changes how the optimizer rounds pure bf16/fp16 weights, which only a bf16 "
+             "or fp16 model with --master_weights off has");
+}
+
+}  // namespace
+
 PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType param_dtype) {
+  PrecisionPlan plan = plan_without_warnings(args, param_dtype);
+  warn_unused_update_rule(args, plan);
+  return plan;
+}
+
+namespace {
+
+PrecisionPlan plan_without_warnings(const TrainingArguments& args, c10::ScalarType param_dtype) {
   PrecisionPlan plan;
   plan.param_dtype = param_dtype;
   plan.tf32 = args.tf32();
@@ -112,5 +141,6 @@ PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType
   return plan;
 }
 
+}  // namespace
 }  // namespace detail
 }  // namespace mantissa

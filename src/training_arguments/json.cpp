@@ -14,6 +14,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_reader.h"
+#include "shorten.h"
 #include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
@@ -117,8 +118,7 @@ std::string unknown_keys_text(const std::vector<std::string>& keys) {
   std::string out;
   for (std::size_t i = 0; i < keys.size() && i < kShown; ++i) {
     if (i) out += ", ";
-    out += keys[i].size() > kKeyChars ? detail::repr(keys[i].substr(0, kKeyChars) + "...")
-                                      : detail::repr(keys[i]);
+    out += detail::repr(detail::shorten(keys[i], kKeyChars));
   }
   if (keys.size() > kShown) out += " and " + std::to_string(keys.size() - kShown) + " more";
   return out;

@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include "io/json_reader.h"
+#include "shorten.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa::detail {
@@ -25,9 +26,7 @@ constexpr std::size_t kKwargsDepth = 2;
 
 // Keys and values are the user's text: a message shows the first 60 characters of a key, the
 // first 80 of a value.
-std::string cut(const std::string& text, std::size_t chars) {
-  return text.size() > chars ? text.substr(0, chars) + "..." : text;
-}
+std::string cut(const std::string& text, std::size_t chars) { return shorten(text, chars); }
 std::string key_repr(const std::string& key) { return repr(cut(key, 60)); }
 
 bool all_digits(const std::string& s) {

@@ -122,6 +122,15 @@ void check_best_model(const TrainingArguments& args) {
                     "way");
   // Both ratios: compared in millionths, as HF does, so that 0.2 and 0.1 divide.
   const auto millionths = [](double ratio) { return std::llround(ratio * 1e6); };
+  for (const auto& [name, ratio] :
+       {std::pair{"eval_steps", eval_steps}, {"save_steps", save_steps}}) {
+    TORCH_CHECK_VALUE(millionths(ratio) > 0,
+                      "load_best_model_at_end compares save_steps and "
+                      "eval_steps in millionths of the run, and ",
+                      name, " (", detail::repr(ratio),
+                      ") rounds to zero of them; give a ratio of at least 5e-07 or a number of "
+                      "steps");
+  }
   TORCH_CHECK_VALUE(
       millionths(eval_steps) > 0 && millionths(save_steps) % millionths(eval_steps) == 0,
       "load_best_model_at_end needs every save to fall on an evaluation: save_steps (",

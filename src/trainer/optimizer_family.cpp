@@ -1,0 +1,113 @@
+#include "trainer/optimizer_family.h"
+
+#include <algorithm>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/output-archive.h>
+
+#include <mantissa/optim/fused_adamw.h>
+
+namespace mantissa::detail {
+namespace {
+
+struct Family {
+  const char* name;
+  std::vector<std::string> marks;  // option names only this family's options have
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> known = {
+      {"SGD", {"momentum", "dampening", "nesterov"}},
+      {"Adam/AdamW", {"betas", "eps", "amsgrad"}},
+      {"RMSprop", {"alpha", "centered"}},
+      {"Adagrad", {"lr_decay", "initial_accumulator_value"}},
+      {"LBFGS", {"max_iter", "history_size"}},
+  };
+  return known;
+}
+
+// The family whose marks are all among `keys`, or nullopt.
+std::optional<std::string> family_of(const std::vector<std::string>& keys) {
+  for (const auto& family : families()) {
+    if (std::all_of(family.marks.begin(), family.marks.end(), [&](const std::string& mark) {
+          return std::find(keys.begin(), keys.end(), mark) != keys.end();
+        })) {
+      return family.name;
+    }
+  }
+  return std::nullopt;
+}
+
+// The option names of the first parameter group in an archive written by
+// torch::optim::serialize (torch/optim/serialize.h): param_groups/param_groups/0/options.
+std::optional<std::vector<std::string>> saved_option_names(
+    torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive groups, group, options;
+  if (!archive.try_read("param_groups", groups) || !groups.try_read("param_groups/0", group) ||
+      !group.try_read("options", options)) {
+    return std::nullopt;
+  }
+  auto keys = options.keys();
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::vector<std::string> live_option_names(torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return {};
+  torch::serialize::OutputArchive out;
+  optimizer.param_groups().front().options().serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  const auto text = bytes.str();
+  torch::serialize::InputArchive in;
+  in.load_from(text.data(), text.size());
+  auto keys = in.keys();
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::string class_name(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<optim::FusedAdamW*>(&optimizer)) return "FusedAdamW";
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return "AdamW";
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return "Adam";
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return "SGD";
+  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer)) return "RMSprop";
+  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer)) return "Adagrad";
+  if (dynamic_cast<torch::optim::LBFGS*>(&optimizer)) return "LBFGS";
+  return "a custom optimizer";
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+void check_optimizer_family(torch::optim::Optimizer& optimizer,
+                            torch::serialize::InputArchive& archive) {
+  const auto saved = saved_option_names(archive);
+  if (!saved) return;
+  const auto live = live_option_names(optimizer);
+  const auto saved_family = family_of(*saved);
+  const auto live_family = family_of(live);
+  if (saved_family == live_family && (saved_family || *saved == live)) return;
+  TORCH_CHECK_VALUE(false, "optimizer.pt holds the state of ",
+                    saved_family ? "an " + *saved_family + " optimizer" : "an unknown optimizer",
+                    " (options ", joined(*saved), "), but this run's optimizer is ",
+                    class_name(optimizer), " (options ", joined(live),
+                    "); resume with the optimizer that saved it (--optim)");
+}
+
+}  // namespace mantissa::detail

@@ -1,0 +1,72 @@
+// src/trainer/optimizer_family.h: an optimizer.pt of another optimizer family is refused with
+// both optimizers named, before LibTorch's loader reaches its internal assertion.
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mantissa/optim/fused_adamw.h>
+#include "trainer/optimizer_family.h"
+
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// `saver`'s state after one step, read back as optimizer.pt is.
+torch::serialize::InputArchive saved_state(torch::optim::Optimizer& saver,
+                                           torch::nn::Linear& model) {
+  model->forward(torch::randn({4, 3})).sum().backward();
+  saver.step();
+  torch::serialize::OutputArchive out;
+  saver.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  const auto text = bytes.str();
+  torch::serialize::InputArchive in;
+  in.load_from(text.data(), text.size());
+  return in;
+}
+
+std::string family_error(torch::optim::Optimizer& loader, torch::serialize::InputArchive& archive) {
+  try {
+    mantissa::detail::check_optimizer_family(loader, archive);
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+TEST(OptimizerFamilyTest, RefusesSgdStateForAdamW) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto archive = saved_state(sgd, model);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  EXPECT_THAT(family_error(adamw, archive),
+              AllOf(HasSubstr("optimizer.pt holds the state of an SGD optimizer (options "
+                              "dampening, lr, momentum, nesterov, weight_decay)"),
+                    HasSubstr("but this run's optimizer is AdamW (options amsgrad, betas, eps")));
+}
+
+TEST(OptimizerFamilyTest, RefusesAdamWStateForSgd) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto archive = saved_state(adamw, model);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_THAT(family_error(sgd, archive), AllOf(HasSubstr("the state of an Adam/AdamW optimizer"),
+                                                HasSubstr("this run's optimizer is SGD")));
+}
+
+TEST(OptimizerFamilyTest, AcceptsAdamWStateForFusedAdamWAndLoadsIt) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto archive = saved_state(adamw, model);
+  mantissa::optim::FusedAdamW fused(model->parameters(), mantissa::optim::FusedAdamWOptions(1e-3));
+  EXPECT_EQ(family_error(fused, archive), "(no error)");
+  fused.load(archive);
+  EXPECT_EQ(fused.state().size(), 2u);
+}
+
+}  // namespace

@@ -1,0 +1,115 @@
+// src/io/torch_load.h: torch.save-format files read whatever their bytes. The hostile files in
+// tests/golden/torch_load/ come from tests/golden/make_hostile_torch_files.py.
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "io/atomic_file.h"
+#include "io/filesystem.h"
+#include "io/torch_load.h"
+#include "io/torch_save.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<char> golden_bytes(const std::string& name) {
+  return mantissa::io::read_file(std::string(MANTISSA_TEST_DATA_DIR) + "/torch_load/" + name);
+}
+
+std::vector<char> rng_like_file() {
+  c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
+  value.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  value.insert("step", int64_t{7});
+  return mantissa::io::torch_save_bytes(value);
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+TEST(TorchLoadTest, ReadsWhatTorchSaveBytesWrote) {
+  const auto value = mantissa::io::load_torch_bytes(rng_like_file()).toGenericDict();
+  EXPECT_EQ(value.at("step").toInt(), 7);
+  EXPECT_TRUE(
+      torch::equal(value.at("cpu").toTensor(), at::detail::getDefaultCPUGenerator().get_state()));
+}
+
+TEST(TorchLoadTest, RefusesEveryCutOfTheLastBytes) {
+  // The end-of-central-directory record (22 bytes) and the central directory before it: a cut
+  // anywhere there once made LibTorch's reader copy past the end of the buffer.
+  const auto whole = rng_like_file();
+  for (std::size_t cut = 1; cut <= 64; ++cut) {
+    std::vector<char> bytes(whole.begin(), whole.end() - static_cast<std::ptrdiff_t>(cut));
+    EXPECT_THAT(error_of([&] { mantissa::io::load_torch_bytes(bytes); }), HasSubstr("zip archive"))
+        << "cut " << cut;
+  }
+}
+
+TEST(TorchLoadTest, RefusesATensorBeyondItsStorage) {
+  EXPECT_THAT(
+      error_of([] { mantissa::io::load_torch_bytes(golden_bytes("tensor_beyond_storage.pt")); }),
+      HasSubstr("the value['cpu'] (shape [255], strides [1], offset 0, Byte) reaches past "
+                "the end of its storage of 4 bytes"));
+}
+
+TEST(TorchLoadTest, RefusesAStorageBeyondItsRecord) {
+  EXPECT_THAT(
+      error_of([] { mantissa::io::load_torch_bytes(golden_bytes("storage_beyond_record.pt")); }),
+      HasSubstr("the storage '0' is declared with 255 bytes, but its record 'data/0' holds 4"));
+}
+
+TEST(TorchLoadTest, ChecksTensorsInNestedContainers) {
+  auto storage_of_two = torch::zeros({2});
+  auto beyond = torch::empty({0}).set_(storage_of_two.storage(), 0, {2}, {1});
+  const std::vector<int64_t> sizes{5}, strides{1};
+  beyond.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);  // as a hostile pickle does
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(c10::ivalue::Tuple::create({c10::IValue(int64_t{1}), c10::IValue(beyond)}));
+  EXPECT_THAT(error_of([&] { mantissa::io::check_tensors_fit_storage(list, "x"); }),
+              HasSubstr("x[0][1] (shape [5]"));
+  list.set(0, torch::zeros({3}).as_strided({2}, {2}, 0));
+  EXPECT_NO_THROW(mantissa::io::check_tensors_fit_storage(list, "x"));
+}
+
+TEST(TorchLoadTest, ReadsAnOptimizerArchiveAndRefusesItCut) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  model->forward(torch::randn({4, 3})).sum().backward();
+  optimizer.step();
+  torch::serialize::OutputArchive out;
+  optimizer.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  const auto dir = mantissa::io::make_temp_directory("", "torch-load-test-");
+  const auto path = mantissa::io::join_path(dir, "optimizer.pt");
+  mantissa::io::write_file_atomically(path, bytes.str());
+  torch::serialize::InputArchive archive;
+  mantissa::io::load_torch_archive(path, archive);
+  torch::optim::AdamW restored(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  restored.load(archive);
+  EXPECT_EQ(restored.state().size(), 2u);
+
+  const auto whole = bytes.str();
+  for (std::size_t cut : {1, 2, 21, 22, 40, 64}) {
+    mantissa::io::write_file_atomically(path, whole.substr(0, whole.size() - cut));
+    torch::serialize::InputArchive cut_archive;
+    EXPECT_THAT(error_of([&] { mantissa::io::load_torch_archive(path, cut_archive); }),
+                HasSubstr("zip archive"))
+        << "cut " << cut;
+  }
+  mantissa::io::remove_all(dir);
+}
+
+}  // namespace
