@@ -6,6 +6,7 @@
 #include <mantissa/distributed.h>
 
 #include "io/filesystem.h"
+#include "io/torch_load.h"
 
 namespace mantissa::detail {
 
@@ -97,7 +98,7 @@ void DataParallel::copy_scaler_from_rank0(amp::GradScaler& scaler) const {
   const auto rank0 = collectives_->broadcast_bytes(std::string(mine.begin(), mine.end()));
   if (rank() == 0) return;
   scaler.load_state_dict(
-      torch::pickle_load(std::vector<char>(rank0.begin(), rank0.end())).toGenericDict());
+      io::load_torch_bytes(std::vector<char>(rank0.begin(), rank0.end())).toGenericDict());
 }
 
 void DataParallel::save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {

@@ -11,6 +11,7 @@
 #include <mantissa/io/safetensors.h>
 
 #include "io/filesystem.h"
+#include "shorten.h"
 
 #include "trainer/batch_roles.h"
 #include "trainer/checkpoint.h"
@@ -127,12 +128,14 @@ void Trainer::Impl::check_output_dir(bool resuming) const {
         args_.overwrite_output_dir() || !io::is_directory(dir)) {
       return;
     }
-    TORCH_CHECK_VALUE(io::list_directory(dir).empty(), "Output directory (", dir,
+    TORCH_CHECK_VALUE(io::list_directory(dir).empty(), "Output directory (",
+                      detail::shorten_path(dir),
                       ") already exists and is not empty. Use --overwrite_output_dir to overcome, "
                       "or --resume_from_checkpoint latest to continue its run.");
   });
   TORCH_CHECK_VALUE(accepted, "rank ", strategy_->rank(),
-                    ": another process refused the output_dir '", dir, "' (see rank 0's error)");
+                    ": another process refused the output_dir '", detail::shorten_path(dir),
+                    "' (see rank 0's error)");
 }
 
 void Trainer::Impl::mark_process(TrainerState& state) const {
