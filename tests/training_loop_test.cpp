@@ -48,51 +48,22 @@ class FakeEngine final : public mantissa::detail::StepEngine {
   TrainerState& state_;
 };
 
-/// A lone process that also records the steps the strategy runs and the sums it is asked for.
-class RecordingStrategy final : public mantissa::detail::Strategy {
+/// A lone process that also records the epochs' orders and the steps it runs; its order is the
+/// examples in order, so that a batch names its position.
+class RecordingStrategy final : public mantissa::detail::SingleProcess {
  public:
   explicit RecordingStrategy(Events& events) : events_(events) {}
-  std::int64_t world_size() const override { return 1; }
-  std::int64_t rank() const override { return 0; }
-  bool is_main_process() const override { return true; }
-  bool is_local_main_process() const override { return true; }
-  bool should_save() const override { return true; }
-  bool should_log() const override { return true; }
-  std::string describe() const override { return {}; }
-  std::vector<double> sum(std::vector<double> values) const override {
-    ++sums;
-    return values;
-  }
-  bool passed_everywhere(const std::function<void()>& check) const override {
-    check();
-    return true;
-  }
-  std::string broadcast(const std::string& bytes) const override { return bytes; }
-  void check_same_text(const std::string&, const std::string&) const override {}
-  std::int64_t examples_per_process(std::int64_t n, bool) const override { return n; }
-  /// The examples in order, so that a batch names its position.
   torch::Tensor epoch_order(std::int64_t n, std::uint64_t, std::int64_t epoch,
                             bool) const override {
     events_.push_back("order epoch " + std::to_string(epoch));
     return torch::arange(n, torch::kLong);
   }
-  torch::Tensor gather_rows(const torch::Tensor& rows, std::int64_t, double) const override {
-    return rows;
-  }
-  void prepare_model(torch::nn::Module&) override {}
-  void before_forward(bool) override {}
-  void before_backward(const torch::Tensor&, bool) override {}
   bool run_step(const std::function<bool()>& step) const override {
     ++steps;
     return step();
   }
-  std::optional<std::string> cuda_graph_blocker() const override { return std::nullopt; }
-  void copy_scaler_from_rank0(mantissa::amp::GradScaler&) const override {}
-  void save_checkpoint(const std::string&, const mantissa::detail::CheckpointParts&) override {}
-  void load_checkpoint(const std::string&, const mantissa::detail::CheckpointParts&) override {}
 
   mutable int steps = 0;
-  mutable int sums = 0;
 
  private:
   Events& events_;

@@ -7,8 +7,8 @@
 namespace mantissa::detail {
 
 /// A lone process (a null object: no code path asks whether the run is distributed).
-/// Python: accelerate's single-device state.
-class SingleProcess final : public Strategy {
+/// Python: accelerate's single-device state. Not final: tests record calls on top of it.
+class SingleProcess : public Strategy {
  public:
   std::int64_t world_size() const override { return 1; }
   std::int64_t rank() const override { return 0; }
