@@ -325,7 +325,10 @@ int compare_run(const std::string& scenario, Report& report) {
   // The element that gets the inf: found through the sharded layout, used by both runs.
   std::function<torch::Tensor(torch::Tensor)> inject_sharded, inject_ref;
   if (mode.inf_step >= 0) {
-    const auto [param, element] = element_outside_rank0(*run.flat);
+    // Named copies: clang refuses lambda captures of structured bindings in C++17.
+    const auto target = element_outside_rank0(*run.flat);
+    const auto param = target.first;
+    const auto element = target.second;
     const auto k = net_index(run.net, run.flat->params()[param]);
     const auto inf = std::numeric_limits<double>::infinity();
     inject_sharded = [&run, k, element, inf](torch::Tensor loss) {
