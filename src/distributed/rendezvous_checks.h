@@ -21,7 +21,9 @@ void check_master_addr_resolves(const DistributedEnvironment& env);
 /// every other rank's, the others read rank 0's. Throws a c10::ValueError naming both ranks
 /// and both sizes when they differ ("WORLD_SIZE differs between ranks: rank 0 was told 2,
 /// rank 1 was told 3"), and a c10::Error naming the missing rank when one does not publish
-/// within the store's timeout. No Python equivalent (there, c10d times out).
+/// within the store's timeout. Before it throws, rank 0 (the store's host) waits up to 10 s
+/// for the ranks it has read to read its size, so they fail with the same sentence instead of
+/// a lost connection. No Python equivalent (there, c10d times out).
 void agree_on_world_size(c10d::Store& store, const DistributedEnvironment& env,
                          std::chrono::milliseconds timeout);
 
