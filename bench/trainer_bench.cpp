@@ -77,6 +77,7 @@ struct Config {
   std::string data_dir = mantissa::examples::kFashionMnistDir;
   bool count_ops = false;
   std::optional<std::int64_t> ddp_bucket_cap_mb;  // unset: the Trainer's default
+  std::string fsdp;                               // the Trainer's --fsdp (shard_grad_op)
 
   std::int64_t total_steps() const { return warmup + steps; }
   bool bf16() const { return precision != "fp32"; }
@@ -197,6 +198,7 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
                   .disable_tqdm(true)
                   .seed(c.seed)
                   .ddp_bucket_cap_mb(c.ddp_bucket_cap_mb)
+                  .fsdp(c.fsdp)
                   // DistributedDataParallel's own default, which bench/python/torch_ddp.py
                   // runs with (HF, and so the Trainer, would walk the graph for unused ones).
                   .ddp_find_unused_parameters(false);
@@ -294,6 +296,9 @@ int main(int argc, char** argv) try {
   app.add_option("--ddp_bucket_cap_mb", c.ddp_bucket_cap_mb,
                  "gradient bucket size in MiB under several processes (default: the Trainer's)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--fsdp", c.fsdp,
+                 "the Trainer's fsdp: shard_grad_op shards gradients and optimizer state across "
+                 "the processes (--impl trainer)");
   app.add_flag("--count_ops", c.count_ops,
                "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by "
                "name on stderr); "

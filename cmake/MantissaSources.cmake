@@ -42,6 +42,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp
   src/training_arguments/lr_scheduler_kwargs_json.cpp
+  src/training_arguments/fsdp_checks.cpp
   src/training_arguments/reporting_checks.cpp
   src/training_arguments/validate.cpp
   src/training_arguments/derived.cpp
@@ -81,6 +82,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/eager_engine.cpp
   src/trainer/collectives.cpp
   src/trainer/data_parallel.cpp
+  src/trainer/sharded_data_parallel.cpp
   src/trainer/single_process.cpp
   src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp

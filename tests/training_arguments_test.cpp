@@ -201,7 +201,9 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.save_on_each_node());
   EXPECT_TRUE(a.log_on_each_node());
   EXPECT_EQ(a.ddp_comm_hook(), mantissa::DdpCommHook::kNone);
-  EXPECT_EQ(field_names().size(), 66u) << "a field was added or removed: update this test, "
+  EXPECT_EQ(a.fsdp(), "");
+  EXPECT_FALSE(a.fsdp_config().has_value());
+  EXPECT_EQ(field_names().size(), 68u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -341,7 +343,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--greater_is_better", "false", "--eval_strategy", "steps", "--save_steps", "10",
       "--eval_steps", "5", "--ddp_backend", "gloo", "--ddp_timeout", "60",
       "--ddp_find_unused_parameters", "false", "--ddp_bucket_cap_mb", "50",
-      "--ddp_broadcast_buffers", "false", "--ddp_comm_hook", "bf16_compress", "--save_on_each_node", "--log_on_each_node", "false"};
+      "--ddp_broadcast_buffers", "false", "--ddp_comm_hook", "bf16_compress", "--save_on_each_node", "--log_on_each_node", "false",
+      "--fsdp", "no_shard", "--fsdp_config", "{\"version\": 2}"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -422,6 +425,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.ddp_comm_hook(), mantissa::DdpCommHook::kBf16Compress);
   EXPECT_TRUE(b.save_on_each_node());
   EXPECT_FALSE(b.log_on_each_node());
+  EXPECT_EQ(b.fsdp(), "no_shard");
+  EXPECT_EQ(b.fsdp_config(), std::optional<std::string>("{\"version\": 2}"));
 }
 
 TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {

@@ -196,6 +196,16 @@
   X(bool, log_on_each_node, true,                                                                  \
     "Print log lines and the progress bar on the first process of every node; false prints them "  \
     "on rank 0 alone.")                                                                            \
+  X(std::string, fsdp, "",                                                                         \
+    "Shard across the processes (HF's FSDP options, space-separated): shard_grad_op splits the "   \
+    "gradients and the optimizer state (Adam moments, fp32 masters) so that each process keeps "   \
+    "1/world_size of them (ZeRO-2); auto_wrap is accepted and changes nothing. Empty: every "       \
+    "process holds the whole state (DDP).")                                                        \
+  X(std::optional<std::string>, fsdp_config, std::nullopt,                                        \
+    "HF's FSDP settings: a JSON object, or the path of a JSON file that holds one. Read: "          \
+    "state_dict_type (FULL_STATE_DICT), reshard_after_forward (false), sync_module_states, "       \
+    "use_orig_params, version, backward_prefetch, forward_prefetch, limit_all_gathers, "          \
+    "min_num_params, transformer_layer_cls_to_wrap; other keys are refused.")                     \
   /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */         \
   X(bool, cuda_graph, false,                                                                       \
     "After the warm-up steps, record one whole training step (forward, backward, unscale, "        \
@@ -351,6 +361,8 @@ class TrainingArguments {
   int64_t resolved_ddp_bucket_cap_mb() const;
   /// `ddp_broadcast_buffers`, true when unset (`DistributedDataParallel`'s default).
   bool resolved_ddp_broadcast_buffers() const;
+  /// Whether `fsdp` asks for `shard_grad_op` (ZeRO-2: gradients and optimizer state sharded).
+  bool fsdp_shards_grad_op() const;
 
   /// The first loss scale: `loss_scale` when a static scale is set, else
   /// `2^initial_scale_power` (65536 by default, `torch.amp.GradScaler`'s `init_scale`).

@@ -164,7 +164,7 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("model.safetensors"),
           [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
   if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
-  loading(file("optimizer.pt"), [&] {
+  if (parts.optimizer != nullptr) loading(file("optimizer.pt"), [&] {
     torch::serialize::InputArchive archive;
     io::load_torch_archive(file("optimizer.pt"), archive);
     check_optimizer_family(*parts.optimizer, archive);

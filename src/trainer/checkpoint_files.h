@@ -68,8 +68,9 @@ void write_rng_state(const std::string& folder, std::int64_t process_index,
 /// 1 for a single `rng_state.pth`, 0 when it has neither (HF checkpoints without them).
 std::int64_t saved_process_count(const std::string& dir);
 
-/// Restores everything from a checkpoint folder. A missing or corrupt file raises a c10::Error
-/// naming the file. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
+/// Restores everything from a checkpoint folder; a null `parts.optimizer` leaves optimizer.pt
+/// unread (a sharded run reads it on rank 0 alone). A missing or corrupt file raises a
+/// c10::Error naming the file. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
 /// `_load_rng_state`. Syncs.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 

@@ -66,9 +66,13 @@ torch::Tensor DataParallel::gather_rows(const torch::Tensor& rows, std::int64_t 
   return collectives_->gather_rows(rows, num_examples, padding_value);
 }
 
-void DataParallel::prepare_model(torch::nn::Module& module) {
+void DataParallel::agree_on_model(torch::nn::Module& module, bool with_buffers) const {
   collectives_->check_same_parameters(module);
-  collectives_->broadcast_module_states(module, args_.resolved_ddp_broadcast_buffers());
+  collectives_->broadcast_module_states(module, with_buffers);
+}
+
+void DataParallel::prepare_model(torch::nn::Module& module) {
+  agree_on_model(module, args_.resolved_ddp_broadcast_buffers());
   gradient_sync_ = std::make_unique<GradientSync>(*collectives_, module, args_);
 }
 

@@ -12,8 +12,10 @@
 
 namespace mantissa::detail {
 
-/// Several processes, each with the whole state; gradients averaged during backward.
-class DataParallel final : public Strategy {
+/// Several processes, each with the whole state; gradients averaged during backward. The base
+/// of `ShardedDataParallel`, which keeps its place in the job, collectives, data order and
+/// checkpoint protocol and replaces the gradient path and the optimizer.
+class DataParallel : public Strategy {
  public:
   /// A strategy over the job `collectives` joined, for a Trainer of `args`. Checks that every
   /// process was given the same arguments (a collective; `is_execution_detail` fields may
@@ -59,6 +61,15 @@ class DataParallel final : public Strategy {
   /// folder and raises on every process.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
+
+ protected:
+  /// The job's process group and collectives.
+  const Collectives& collectives() const noexcept { return *collectives_; }
+  /// The Trainer's arguments, as given.
+  const TrainingArguments& args() const noexcept { return args_; }
+  /// The first half of `prepare_model`: the same parameters everywhere, rank 0's weights (and
+  /// buffers when `with_buffers`) copied to every process. A collective.
+  void agree_on_model(torch::nn::Module& module, bool with_buffers) const;
 
  private:
   std::shared_ptr<Collectives> collectives_;

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <mantissa/amp/autocast.h>
-#include <mantissa/clip_grad.h>
 
 namespace mantissa::detail {
 
@@ -38,16 +37,19 @@ void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group, bo
 void EagerEngine::update_on_device(bool with_callbacks) {
   const auto& args = parts_.args;
   auto& scaler = parts_.scaler;
+  auto& strategy = parts_.strategy;
+  strategy.finish_gradients();
   if (parts_.masters != nullptr) parts_.masters->copy_grads_to_masters();
-  if (args.max_grad_norm() > 0) {
-    // As HF (accelerator.clip_grad_norm_): unscale only to clip. Without clipping the
-    // scaler's step unscales, inside FusedAdamW's single pass when that is the optimizer.
-    scaler.unscale_(parts_.optimizer);
-    grad_norm_ = clip_grad_norm_(parts_.optimized_params, args.max_grad_norm());
-  }
+  const bool clip = args.max_grad_norm() > 0;
+  // As HF (accelerator.clip_grad_norm_): unscale only to clip, unless the strategy must agree
+  // on inf/nan first. Otherwise the scaler's step unscales, inside FusedAdamW's single pass
+  // when that is the optimizer.
+  if (clip || strategy.unscales_before_step()) scaler.unscale_(parts_.optimizer);
+  if (clip) grad_norm_ = strategy.clip_grad_norm_(parts_.optimized_params, args.max_grad_norm());
   if (with_callbacks) parts_.callbacks.fire(&TrainerCallback::on_pre_optimizer_step);
   scaler.step(parts_.optimizer);
   if (parts_.masters != nullptr && !fused_writes_back_) parts_.masters->copy_masters_to_model();
+  strategy.after_optimizer_step();
   // A device copy: read on the host only if the step turns out skipped (for the log line).
   scale_before_ = parts_.plan.loss_scaling ? scaler.scale_tensor().clone() : torch::Tensor();
   if (args.dynamic_loss_scale()) {

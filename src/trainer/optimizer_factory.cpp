@@ -39,14 +39,8 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
                                             .weight_decay(args.weight_decay()));
     case OptimizerNames::kAdamWTorchFused:
     case OptimizerNames::kAdamWMantissaFused: {
-      auto fused = build<optim::FusedAdamW>(
-          std::move(groups), first_group_decays,
-          optim::FusedAdamWOptions(lr)
-              .betas(betas)
-              .eps(args.adam_epsilon())
-              .weight_decay(args.weight_decay())
-              .low_precision_update(low_precision_update)
-              .stochastic_rounding_seed(static_cast<std::uint64_t>(args.seed())));
+      auto fused = build<optim::FusedAdamW>(std::move(groups), first_group_decays,
+                                            fused_adamw_options(args, low_precision_update));
       // The fused step writes the updated fp32 masters back into the bf16/fp16 model itself.
       if (masters != nullptr && masters->has_low_precision()) fused->link_model_params(*masters);
       return fused;
@@ -61,6 +55,16 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
 }
 
 }  // namespace
+
+optim::FusedAdamWOptions fused_adamw_options(const TrainingArguments& args,
+                                             optim::LowPrecisionUpdate low_precision_update) {
+  return optim::FusedAdamWOptions(args.learning_rate())
+      .betas(std::make_tuple(args.adam_beta1(), args.adam_beta2()))
+      .eps(args.adam_epsilon())
+      .weight_decay(args.weight_decay())
+      .low_precision_update(low_precision_update)
+      .stochastic_rounding_seed(static_cast<std::uint64_t>(args.seed()));
+}
 
 std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
     const std::vector<torch::Tensor>& params, const amp::MasterWeights* masters,

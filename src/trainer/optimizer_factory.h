@@ -24,10 +24,17 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
     const std::vector<torch::Tensor>& params, const amp::MasterWeights* masters,
     bool* first_group_decays);
 
+/// mantissa's FusedAdamW configured from `args` (`learning_rate`, the Adam betas and epsilon,
+/// `weight_decay`, the stochastic rounding seeded by `seed`) and writing low-precision
+/// parameters with `low_precision_update`. What `adamw_torch_fused` builds for the decaying
+/// group. Pure host code.
+optim::FusedAdamWOptions fused_adamw_options(const TrainingArguments& args,
+                                             optim::LowPrecisionUpdate low_precision_update);
+
 /// The optimizer the Trainer steps, with what the loop needs to know about it.
 struct TrainerOptimizer {
   /// The optimizer itself.
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
   /// The same optimizer when it is mantissa's FusedAdamW (built here or by a user factory),
   /// else null: its step can write the masters back into the model and be captured.
   optim::FusedAdamW* fused = nullptr;

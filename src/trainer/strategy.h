@@ -8,6 +8,8 @@
 // Chosen once, by `make_strategy`, when the Trainer is built:
 //   SingleProcess  a lone process (a null object: every collective is the value itself)
 //   DataParallel   several processes, c10d::Reducer averaging the gradients during backward
+//   ShardedDataParallel  several processes, gradients reduce-scattered and the optimizer state
+//                  sharded across them (ZeRO-2, `--fsdp shard_grad_op`)
 //
 // The methods that take or return data are collectives in a job of several processes: every
 // process calls them, in the same order. One process runs them without communicating.
@@ -23,11 +25,25 @@
 #include <torch/nn/module.h>
 
 #include <mantissa/amp/grad_scaler.h>
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/precision_plan.h>
+#include <mantissa/trainer_hooks.h>
 #include <mantissa/training_arguments.h>
 
 #include "trainer/checkpoint.h"
+#include "trainer/optimizer_factory.h"
 
 namespace mantissa::detail {
+
+/// What an optimizer update steps, as the strategy builds it for the Trainer.
+struct OptimizerSetup {
+  /// The fp32 masters the engine copies gradients into and weights out of; null when the
+  /// optimizer needs none from the engine (an fp32 model, pure low precision, or a strategy
+  /// whose optimizer keeps masters of its own).
+  std::unique_ptr<amp::MasterWeights> masters;
+  /// The optimizer, its FusedAdamW view and the tensors it updates.
+  TrainerOptimizer optimizer;
+};
 
 /// What spans processes, for the Trainer, its loop and its engines. Python: what HF's Trainer
 /// asks accelerate (`is_main_process`, `gather_for_metrics`, `reduce`, the DDP wrapper).
@@ -108,6 +124,39 @@ class Strategy {
   /// steps. Nothing alone.
   virtual void copy_scaler_from_rank0(amp::GradScaler& scaler) const = 0;
 
+  // ---- the optimizer and its update ---------------------------------------------------------
+
+  /// Builds the optimizer over the prepared `module` (after `prepare_model`): fp32 masters
+  /// when `plan` asks for them, then `make_trainer_optimizer`. A strategy that shards the
+  /// optimizer state builds its own, over this process's shards, with `scaler` told how to
+  /// agree on inf/nan. Python: HF's `Trainer.create_optimizer` (and DeepSpeed's wrapping of it).
+  /// No sync.
+  virtual OptimizerSetup make_optimizer(const TrainingArguments& args, torch::nn::Module& module,
+                                        const PrecisionPlan& plan, const OptimizerFactory& factory,
+                                        amp::GradScaler& scaler);
+  /// After the last backward of an update, before anything reads the gradients: a strategy
+  /// whose gradients are still travelling waits for them here and puts them where the
+  /// optimizer reads them. Nothing by default. A collective where it communicates.
+  virtual void finish_gradients() {}
+  /// Whether `GradScaler::unscale_` must run before every `step` (not only to clip): the
+  /// inf/nan flag is then agreed across processes before any of them updates. False by default.
+  virtual bool unscales_before_step() const { return false; }
+  /// Clips the gradients of `params` (the optimizer's tensors) to a global 2-norm of
+  /// `max_norm` and returns the norm before clipping (0-d, on the device). By default
+  /// `mantissa::clip_grad_norm_`; a sharded strategy sums the squared norm over the processes.
+  /// No sync.
+  virtual torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params,
+                                        double max_norm);
+  /// After the optimizer's step (taken or skipped): a strategy that updated only its shard
+  /// gathers the new weights into every process's model here. Nothing by default. A
+  /// collective where it communicates.
+  virtual void after_optimizer_step() {}
+  /// After the model's weights were replaced outside a step (the best model loaded back): a
+  /// strategy that keeps masters of its own refreshes them from the model. Nothing by default.
+  virtual void after_weights_loaded() {}
+  /// A line for the run's start about the optimizer state this process holds, or nothing.
+  virtual std::string describe_optimizer_state() const { return {}; }
+
   // ---- checkpoints ---------------------------------------------------------------------------
 
   /// Writes `output_dir/checkpoint-<state.global_step>` atomically: among several processes
@@ -118,8 +167,9 @@ class Strategy {
   virtual void load_checkpoint(const std::string& dir, const CheckpointParts& parts) = 0;
 };
 
-/// The strategy the environment asks for: `DataParallel` when a launcher started this process
-/// as one of several (`WORLD_SIZE` > 1; the process joins the job here, a collective), else
+/// The strategy the environment and `args` ask for: when a launcher started this process as
+/// one of several (`WORLD_SIZE` > 1; the process joins the job here, a collective),
+/// `ShardedDataParallel` with `--fsdp shard_grad_op` and `DataParallel` without; else
 /// `SingleProcess`. The only place that tells them apart.
 std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device);
 

@@ -80,12 +80,20 @@ void Trainer::Impl::prepare() {
   module_->to(device_);
   // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
   strategy_->prepare_model(*module_);
-  if (plan_.weights == WeightsMode::kFp32Masters) {
-    o.masters = std::make_unique<amp::MasterWeights>(module_->parameters());
-  }
-  o.optimizer =
-      detail::make_trainer_optimizer(args_, module_->parameters(), o.masters.get(),
-                                     plan_.low_precision_update, hooks_.optimizer_factory);
+  // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.
+  o.scaler = amp::GradScaler(
+      amp::GradScalerOptions()
+          .enabled(plan_.loss_scaling)
+          .init_scale(args_.init_loss_scale())
+          .growth_interval(args_.loss_scale_window())
+          .hysteresis(args_.hysteresis())
+          .consecutive_hysteresis(args_.consecutive_hysteresis())
+          .min_scale(args_.min_loss_scale())
+          .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
+  auto setup =
+      strategy_->make_optimizer(args_, *module_, plan_, hooks_.optimizer_factory, o.scaler);
+  o.masters = std::move(setup.masters);
+  o.optimizer = std::move(setup.optimizer);
   if (hooks_.optimizer_factory) {
     // A user's optimizer writes low-precision weights its own way.
     const auto& groups = o.optimizer.optimizer->param_groups();
@@ -107,15 +115,6 @@ void Trainer::Impl::prepare() {
                                                        args_.get_warmup_steps(max_steps), max_steps,
                                                        args_.lr_scheduler_kwargs());
   TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
-  o.scaler = amp::GradScaler(
-      amp::GradScalerOptions()
-          .enabled(plan_.loss_scaling)
-          .init_scale(args_.init_loss_scale())
-          .growth_interval(args_.loss_scale_window())
-          .hysteresis(args_.hysteresis())
-          .consecutive_hysteresis(args_.consecutive_hysteresis())
-          .min_scale(args_.min_loss_scale())
-          .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
   o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
   update_callback_context();
 }
@@ -332,6 +331,7 @@ void Trainer::Impl::load_best_model() {
       args_.resolved_metric_for_best_model(),
       state_.best_metric ? fmt::format("{:g}", *state_.best_metric) : std::string("unknown")));
   detail::load_checkpoint_weights(dir, *module_, objects_.masters.get());
+  strategy_->after_weights_loaded();
 }
 
 void Trainer::Impl::save_checkpoint() {

@@ -38,6 +38,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
       args_.per_device_train_batch_size(), strategy_->describe(),
       args_.gradient_accumulation_steps(),
       resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
+  if (const auto held = strategy_->describe_optimizer_state(); !held.empty()) progress.print(held);
 
   detail::LossWindow loss_window(device_, args_.logging_nan_inf_filter());
   detail::EagerEngine eager(step_parts(loss_window));

@@ -9,6 +9,7 @@
 #include <mantissa/training_arguments.h>
 
 #include "checked_math.h"
+#include "training_arguments/fsdp_checks.h"
 #include "training_arguments/python_repr.h"
 
 namespace mantissa {
@@ -46,6 +47,10 @@ int64_t TrainingArguments::resolved_ddp_bucket_cap_mb() const {
 
 bool TrainingArguments::resolved_ddp_broadcast_buffers() const {
   return ddp_broadcast_buffers_.value_or(true);
+}
+
+bool TrainingArguments::fsdp_shards_grad_op() const {
+  return detail::read_fsdp_settings(fsdp_, fsdp_config_).shard_grad_op;
 }
 
 double TrainingArguments::init_loss_scale() const {

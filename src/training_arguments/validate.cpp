@@ -13,6 +13,7 @@
 #include "checked_math.h"
 #include "device_info.h"
 #include "training_arguments/python_repr.h"
+#include "training_arguments/fsdp_checks.h"
 #include "training_arguments/reporting_checks.h"
 
 namespace mantissa {
@@ -356,6 +357,26 @@ void check_distributed(const TrainingArguments& args) {
                     detail::repr(bucket_cap));
 }
 
+// Sharding (fsdp): the options, and what a sharded run cannot combine with.
+void check_fsdp(const TrainingArguments& args) {
+  if (!detail::read_fsdp_settings(args.fsdp(), args.fsdp_config()).shard_grad_op) return;
+  const auto optim = args.optim().value();
+  TORCH_CHECK_VALUE(
+      optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused,
+      "fsdp shard_grad_op shards mantissa's FusedAdamW; optim ", detail::repr(args.optim()),
+      " cannot be sharded: use adamw_torch_fused (the default)");
+  TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(),
+                    "fsdp shard_grad_op keeps the parameters in flat buffers, which casting the "
+                    "model for bf16_full_eval or fp16_full_eval would replace; evaluate under "
+                    "autocast instead (--bf16 or --fp16 without full_eval)");
+  TORCH_CHECK_VALUE(!args.save_on_each_node(),
+                    "fsdp shard_grad_op puts the optimizer state together on rank 0 to save it, "
+                    "so only rank 0 can write checkpoints; save_on_each_node must be false");
+  TORCH_CHECK_VALUE(!args.cuda_graph(),
+                    "fsdp shard_grad_op reduce-scatters gradients from autograd hooks, which a "
+                    "CUDA graph cannot replay; cuda_graph must be false");
+}
+
 // Whether this machine can run the requested precision. Only asked when a precision mode needs
 // it, so that plain fp32 runs never touch CUDA.
 void check_hardware(const TrainingArguments& args) {
@@ -384,6 +405,7 @@ void TrainingArguments::validate() const {
   check_data_loading(*this);
   check_cuda_graph(*this);
   check_distributed(*this);
+  check_fsdp(*this);
   check_hardware(*this);
 }
 

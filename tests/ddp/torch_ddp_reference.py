@@ -4,6 +4,13 @@
     .venv/bin/torchrun --nproc_per_node 2 --master_addr 127.0.0.1 --master_port PORT \\
         tests/ddp/torch_ddp_reference.py --out ref.safetensors [--precision bf16 ...]
 
+With --strategy fully_shard the model is wrapped by FSDP2's fully_shard(model,
+reshard_after_forward=False) instead of DDP: SHARD_GRAD_OP, the reference of mantissa's
+--fsdp shard_grad_op (issue 23). Every rank builds the same initial weights (seed 1), FSDP2
+keeps its shard of them, gradients are reduce-scattered, AdamW updates each rank's shard of
+the DTensor parameters, and micro-batches that do not end a group run with
+set_requires_gradient_sync(False) instead of no_sync().
+
 Every rank trains the same small classifier with torch.nn.parallel.DistributedDataParallel on
 Gloo, following the steps a Hugging Face Trainer (transformers 5) takes for the same arguments,
 written out in plain PyTorch so that nothing is hidden behind accelerate:
@@ -76,6 +83,8 @@ def parse_args():
     p.add_argument("--max_grad_norm", type=float, default=1.0, help="0 turns clipping off")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: forward and loss under CPU bf16 autocast, fp32 weights")
+    p.add_argument("--strategy", choices=["ddp", "fully_shard"], default="ddp",
+                   help="fully_shard: FSDP2 with reshard_after_forward=False (SHARD_GRAD_OP)")
     args = p.parse_args()
     for name in ("num_examples", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps"):
         if getattr(args, name) < 1:
@@ -99,8 +108,38 @@ def make_model():
 
 
 def weights(module, prefix):
-    """The module's parameters as fresh contiguous tensors, named `prefix.<parameter name>`."""
-    return {f"{prefix}.{name}": p.detach().clone().contiguous() for name, p in module.named_parameters()}
+    """The module's parameters as fresh contiguous tensors, named `prefix.<parameter name>`;
+    a sharded (DTensor) parameter is gathered whole first."""
+    def whole(p):
+        return p.full_tensor() if hasattr(p, "full_tensor") else p
+    return {f"{prefix}.{name}": whole(p.detach()).clone().contiguous() for name, p in module.named_parameters()}
+
+
+class ShardedModel:
+    """FSDP2's fully_shard(model, reshard_after_forward=False) behind the two things train() asks
+    of a DDP object: `.module` and a `no_sync()` context."""
+
+    def __init__(self, model):
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model, reshard_after_forward=False)
+        self.module = model
+
+    def __call__(self, x):
+        return self.module(x)
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def train(self):
+        self.module.train()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
 
 
 def accumulation_groups(loader, group_size):
@@ -119,8 +158,11 @@ def train(args, rank, world_size):
     """Runs the training; returns (initial weights, final weights, loss of each step)."""
     x, y = make_data(args.num_examples)
     dataset = TensorDataset(x, y)
-    ddp = DistributedDataParallel(make_model(), find_unused_parameters=False, broadcast_buffers=True,
-                                  bucket_cap_mb=25)
+    if args.strategy == "fully_shard":
+        ddp = ShardedModel(make_model())
+    else:
+        ddp = DistributedDataParallel(make_model(), find_unused_parameters=False,
+                                      broadcast_buffers=True, bucket_cap_mb=25)
     init = weights(ddp.module, "init")
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0, foreach=False, fused=False)

@@ -67,7 +67,7 @@ ShardedAdamW::ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
     param_groups.emplace_back(per_group[g],
                               std::make_unique<optim::FusedAdamWOptions>(group_options[g]));
   }
-  optimizer_ = std::make_unique<optim::FusedAdamW>(std::move(param_groups));
+  optimizer_ = std::make_shared<optim::FusedAdamW>(std::move(param_groups));
   if (!masters.empty()) optimizer_->link_model_params(masters, model_shards);
 }
 
@@ -134,6 +134,13 @@ std::int64_t ShardedAdamW::state_bytes() const {
     if (has_master_[b]) total += bytes_of(shard_params_[b]) + bytes_of(master_grads_[b]);
   }
   return total;
+}
+
+void ShardedAdamW::copy_model_to_masters() {
+  at::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < shard_params_.size(); ++b) {
+    if (has_master_[b]) shard_params_[b].copy_(flat_.shard(b));
+  }
 }
 
 void ShardedAdamW::zero_grad() { optimizer_->zero_grad(); }

@@ -55,6 +55,10 @@ class ShardedAdamW {
   /// scheduler are given. Its tensors are `shard_params()`.
   optim::FusedAdamW& optimizer() noexcept { return *optimizer_; }
   const optim::FusedAdamW& optimizer() const noexcept { return *optimizer_; }
+  /// The same optimizer, shared: for a holder that may outlive this object's other uses.
+  const std::shared_ptr<optim::FusedAdamW>& shared_optimizer() const noexcept {
+    return optimizer_;
+  }
 
   /// Per bucket, the tensor the optimizer updates: the fp32 master of the shard, or the shard
   /// of the model's buffer itself.
@@ -95,6 +99,11 @@ class ShardedAdamW {
   /// the fp32 masters and their gradients. Measured from the tensors. No sync.
   std::int64_t state_bytes() const;
 
+  /// Copies each bucket's shard of the model's buffer into its fp32 master: after the model's
+  /// weights were replaced (the best model loaded back). Python: FSDP's masters follow
+  /// `load_state_dict`. No collective, no sync.
+  void copy_model_to_masters();
+
   /// Clears the optimizer tensors' gradients (the shard buffers stay for the next step).
   void zero_grad();
 
@@ -108,7 +117,7 @@ class ShardedAdamW {
   std::vector<at::Tensor> shard_params_;
   std::vector<at::Tensor> master_grads_;  // per bucket; undefined without a master
   std::vector<bool> has_master_;
-  std::unique_ptr<optim::FusedAdamW> optimizer_;
+  std::shared_ptr<optim::FusedAdamW> optimizer_;
 };
 
 /// Bytes of the optimizer state tensors of `optimizer` (each `FusedAdamWParamState` tensor of

@@ -1,0 +1,240 @@
+// The Trainer with `--fsdp shard_grad_op` (ZeRO-2) across real processes over Gloo on
+// 127.0.0.1, against the same job under plain data parallel, against PyTorch's FSDP2
+// (`fully_shard(model, reshard_after_forward=False)`) and through checkpoints, kills and bad
+// input. Same command line as ddp_trainer_check (tests/trainer_check_common.h):
+//
+//   fsdp_trainer_check worker --results FILE [worker options] [TrainingArguments flags]
+//   fsdp_trainer_check check SCENARIO [--deadline-s S] [--torchrun PATH] [--reference SCRIPT]
+//
+// prints "check: PASSED" when everything came out as it must; the scenarios are the branches
+// of `run_check` below (and tests/CMakeLists.txt's list).
+#include "trainer_check_common.h"
+
+namespace {
+
+using namespace trainer_check;
+
+const std::vector<std::string> kSharded = {"--fsdp", "shard_grad_op"};
+
+/// Two ranks under DDP against two ranks with `--fsdp shard_grad_op`, both with `flags`: the
+/// same final weights (within `rtol`/`atol`), the same logged losses and loss scales, and the
+/// sharded ranks bit-identical to each other. The sharded log names the state each rank holds.
+bool check_against_ddp(const Launch& l, const std::vector<std::string>& flags, double rtol,
+                       double atol, bool compare_eval) {
+  const auto ddp = l.dir + "/ddp.st";
+  const auto fsdp = l.dir + "/fsdp.st";
+  const auto common = std::vector<std::string>{"--eval", "101", "--per_device_train_batch_size",
+                                               "32", "--ddp_bucket_cap_mb", "1"};
+  auto status = run_ranks(l, 2,
+                          common_flags(l.dir + "/out-ddp") + common +
+                              std::vector<std::string>{"--results", ddp} + flags,
+                          l.dir + "/ddp");
+  if (!all_zero(status)) return false;
+  status = run_ranks(l, 2,
+                     common_flags(l.dir + "/out-fsdp") + common +
+                         std::vector<std::string>{"--results", fsdp} + kSharded + flags,
+                     l.dir + "/fsdp");
+  if (!all_zero(status)) return false;
+  const auto reference = load_results(ddp + ".rank0");
+  const auto rank0 = load_results(fsdp + ".rank0");
+  const auto rank1 = load_results(fsdp + ".rank1");
+  bool ok = same_weights(rank0, rank1, 0, 0, "sharded rank 0 vs rank 1 (bitwise)");
+  ok &= same_weights(reference, rank0, rtol, atol, "DDP vs fsdp shard_grad_op");
+  ok &= same_tensor(reference, rank0, "losses", rtol, atol, "logged losses, DDP vs sharded");
+  ok &= same_tensor(reference, rank0, "scales", 0, 0, "loss scales, DDP vs sharded");
+  if (compare_eval) {
+    for (const char* name : {"eval_loss", "eval_accuracy", "predictions"}) {
+      ok &= same_tensor(rank0, rank1, name, 0, 0, "sharded rank 0 vs rank 1");
+      ok &= same_tensor(reference, rank0, name, rtol, atol, "evaluation, DDP vs sharded");
+    }
+  }
+  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), "optimizer state per process",
+                 "the sharded run's log");
+  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), "fsdp shard_grad_op",
+                 "the sharded run's first line");
+  return ok;
+}
+
+/// 8 steps in one go against 4 + a resume from checkpoint-4, both sharded over 2 ranks, with
+/// dropout (so the random states matter): bitwise equal. The same checkpoint then resumes under
+/// DDP, in one process and sharded over 3 ranks (the state cut anew), and a DDP checkpoint
+/// resumes sharded.
+bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
+  const std::vector<std::string> flags =
+      std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
+                               "32",         "--save_steps", "4",
+                               "--ddp_bucket_cap_mb", "1"} +
+      precision;
+  const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
+    auto args = flags + common_flags(l.dir + "/" + name) +
+                std::vector<std::string>{"--save_strategy", "steps", "--results",
+                                         l.dir + "/" + name + ".st"} +
+                extra;
+    return world == 1 ? std::vector<int>{run_alone(l, args, l.dir + "/" + name + ".log")}
+                      : run_ranks(l, world, args, l.dir + "/" + name);
+  };
+  bool ok = all_zero(run("full", 2, kSharded));
+  const auto checkpoint = l.dir + "/full/checkpoint-4";
+  for (const char* file : {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state_0.pth",
+                           "rng_state_1.pth", "trainer_state.json"}) {
+    const bool there = mantissa::io::path_exists(checkpoint + "/" + file);
+    std::cout << "checkpoint-4/" << file << (there ? " written" : " MISSING") << std::endl;
+    ok &= there;
+  }
+  if (!ok) return false;
+  const auto resume = std::vector<std::string>{"--resume_from_checkpoint", checkpoint};
+  ok &= all_zero(run("resumed", 2, kSharded + resume));
+  for (int r = 0; ok && r < 2; ++r) {
+    const auto suffix = ".st.rank" + std::to_string(r);
+    ok &= same_weights(load_results(l.dir + "/full" + suffix),
+                       load_results(l.dir + "/resumed" + suffix), 0, 0,
+                       "sharded: uninterrupted vs resumed, rank " + std::to_string(r) +
+                           " (bitwise)");
+  }
+  // The whole state in the files an unsharded run reads: DDP continues where the sharded run
+  // left off, with the same weights up to the order of the float sums.
+  ok &= all_zero(run("resumed-ddp", 2, resume));
+  if (ok) {
+    ok &= same_weights(load_results(l.dir + "/full.st.rank0"),
+                       load_results(l.dir + "/resumed-ddp.st.rank0"), 1e-5, 1e-6,
+                       "sharded uninterrupted vs DDP resumed from the sharded checkpoint");
+  }
+  ok &= all_zero(run("resumed-alone", 1, resume));
+  ok &= contains(read_text(l.dir + "/resumed-alone.log"),
+                 "which a run of 2 process(es) saved, with 1 process(es)",
+                 "the lone process's warning");
+  ok &= all_zero(run("resumed-3", 3, kSharded + resume));
+  ok &= contains(read_text(l.dir + "/resumed-3.rank0.log"),
+                 "which a run of 2 process(es) saved, with 3 process(es)", "3 ranks' warning");
+  // The other way: a DDP run's checkpoint resumed with sharded states.
+  ok &= all_zero(run("ddp-full", 2, {}));
+  ok &= all_zero(run("ddp-then-sharded", 2,
+                     kSharded + std::vector<std::string>{"--resume_from_checkpoint",
+                                                         l.dir + "/ddp-full/checkpoint-4"}));
+  if (ok) {
+    ok &= same_weights(load_results(l.dir + "/ddp-full.st.rank0"),
+                       load_results(l.dir + "/ddp-then-sharded.st.rank0"), 1e-5, 1e-6,
+                       "DDP uninterrupted vs sharded resumed from the DDP checkpoint");
+  }
+  return ok;
+}
+
+int run_check(const std::string& scenario, Launch l) {
+  const char* tmp = std::getenv("TMPDIR");
+  l.dir = mantissa::io::make_temp_directory(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                            "mantissa-fsdp-" + scenario + "-");
+  std::cout << "check: " << scenario << " in " << l.dir << std::endl;
+  bool ok = false;
+  if (scenario == "fp32") {
+    ok = check_against_ddp(l, {}, 1e-6, 1e-7, /*compare_eval=*/true);
+  } else if (scenario == "accumulation") {
+    ok = check_against_ddp(l, {"--gradient_accumulation_steps", "2"}, 1e-6, 1e-7, false);
+  } else if (scenario == "bf16_masters") {
+    // bf16 autocast on a bf16 model with fp32 master shards; the tolerance DDP shows against
+    // one process (ddp.bf16_masters).
+    ok = check_against_ddp(l, {"--model_dtype", "bf16", "--bf16"}, 1e-4, 3e-2, true);
+  } else if (scenario == "pure_bf16") {
+    ok = check_against_ddp(
+        l, {"--model_dtype", "bf16", "--bf16", "--master_weights", "off"}, 1e-4, 3e-2, false);
+  } else if (scenario == "fp16_loss_scaling") {
+    // A first scale of 2^24 overflows: both runs skip the same steps and back off alike.
+    ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
+                           1e-4, 1e-4, false);
+    const auto scales = load_results(l.dir + "/fsdp.st.rank0").at("scales");
+    std::cout << "loss scales of sharded rank 0: " << scales << std::endl;
+    ok &= scales[0].item<double>() < std::ldexp(1.0, 24);
+  } else if (scenario == "resume") {
+    ok = check_resume(l, {});
+  } else if (scenario == "resume_bf16_masters") {
+    ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "rank_killed") {
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st", "--die-on-rank", "1",
+                                 "--die-at-step", "3", "--per_device_train_batch_size", "32"} +
+            common_flags(l.dir + "/out") + kSharded +
+            std::vector<std::string>{"--max_steps", "100000", "--logging_steps", "100000"},
+        l.dir + "/killed");
+    ok = status[1] == 128 + SIGKILL && status[0] != 0 && status[0] != -1;
+    ok &= contains(read_text(l.dir + "/killed.rank0.log"), "rank 0 of 2", "rank 0's error");
+  } else if (scenario == "missing_optimizer_state") {
+    // A checkpoint without its optimizer.pt: rank 0 names the file, rank 1 points to rank 0,
+    // neither waits for the other, and the checkpoint is left as it was.
+    const auto args = std::vector<std::string>{"--per_device_train_batch_size", "32",
+                                               "--save_strategy", "steps", "--save_steps", "4",
+                                               "--results", l.dir + "/r.st"} +
+                      kSharded;
+    ok = all_zero(run_ranks(l, 2, common_flags(l.dir + "/out") + args, l.dir + "/first"));
+    const auto checkpoint = l.dir + "/out/checkpoint-4";
+    ok &= std::remove((checkpoint + "/optimizer.pt").c_str()) == 0;
+    const auto status =
+        run_ranks(l, 2,
+                  common_flags(l.dir + "/out2") + args +
+                      std::vector<std::string>{"--resume_from_checkpoint", checkpoint},
+                  l.dir + "/resume");
+    ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/resume.rank0.log"), "optimizer.pt", "rank 0's error");
+    ok &= contains(read_text(l.dir + "/resume.rank1.log"), "see rank 0's error",
+                   "rank 1's error");
+    ok &= mantissa::io::path_exists(checkpoint + "/model.safetensors");
+  } else if (scenario == "mismatched_arguments") {
+    // One rank sharded, the other not: stopped by the argument check, naming the field.
+    const auto status = run_ranks(
+        l, 2, std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out"),
+        l.dir + "/args",
+        [](int rank) { return rank == 1 ? kSharded : std::vector<std::string>{}; });
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/args.rank1.log"), "fsdp", "rank 1's error");
+  } else if (scenario == "pytorch_parity") {
+    // PyTorch's FSDP2 (fully_shard, reshard_after_forward=False) under torchrun against
+    // mantissa's 2 sharded ranks, on the same data, initial weights, order and step.
+    if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun) || l.reference.empty()) {
+      std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
+      return kSkipped;
+    }
+    const auto golden = l.dir + "/torch_fsdp.safetensors";
+    const auto port = std::to_string(mt::free_port());
+    auto env = mt::environment_without_launcher_variables();
+    env.push_back("GLOO_SOCKET_IFNAME=lo");
+    const auto pid = mt::start_process(
+        l.torchrun,
+        {"torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", port,
+         l.reference, "--out", golden, "--strategy", "fully_shard"},
+        env, l.dir + "/torch.log");
+    const auto status = mt::wait_for({pid}, l.deadline_s);
+    std::cout << "---- PyTorch fully_shard (exit " << status[0] << ")\n"
+              << read_text(l.dir + "/torch.log") << std::flush;
+    ok = status[0] == 0;
+    if (ok) {
+      const auto meta = mantissa::io::load_safetensors_metadata(golden);
+      const auto option = [&](const char* key) { return meta.at(key); };
+      ok &= all_zero(run_ranks(
+          l, 2,
+          std::vector<std::string>{"--results", l.dir + "/mantissa.st", "--data", golden} +
+              common_flags(l.dir + "/out") + kSharded +
+              std::vector<std::string>{
+                  "--per_device_train_batch_size", option("per_device_train_batch_size"),
+                  "--gradient_accumulation_steps", option("gradient_accumulation_steps"),
+                  "--max_steps", option("max_steps"), "--learning_rate", option("learning_rate"),
+                  "--seed", option("seed"), "--max_grad_norm", option("max_grad_norm")},
+          l.dir + "/mantissa"));
+      if (ok) {
+        const auto torch_results = load_results(golden);
+        const auto ours = load_results(l.dir + "/mantissa.st.rank0");
+        ok &= same_weights(torch_results, ours, 1e-4, 1e-5, "PyTorch fully_shard vs mantissa");
+        Results theirs_losses{{"losses", torch_results.at("step_loss").to(torch::kDouble)}};
+        ok &= same_tensor(theirs_losses, ours, "losses", 1e-4, 1e-5,
+                          "PyTorch fully_shard vs mantissa");
+      }
+    }
+  } else {
+    std::cout << "check: unknown scenario '" << scenario << "'" << std::endl;
+    return 2;
+  }
+  std::cout << "check: " << (ok ? "PASSED" : "FAILED") << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return trainer_check_main(argc, argv, run_check); }
