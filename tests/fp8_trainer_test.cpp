@@ -176,7 +176,7 @@ TEST(Fp8TrainerTest, TrainsAndTheLossGoesDownUnderEitherRecipe) {
                         .max_steps(-1)
                         .num_train_epochs(6)
                         .logging_steps(13),
-                    ToyDataset(100), ToyDataset(100, 3));
+                    ToyDataset(100), ToyDataset(100));
     const double before = trainer.evaluate().at("eval_loss");
     trainer.train();
     EXPECT_TRUE(model->fc2->is_float8());
