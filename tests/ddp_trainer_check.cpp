@@ -34,6 +34,21 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_equivalence(l, {"--gradient_accumulation_steps", "2"}, 16, 1e-5, false);
   } else if (scenario == "bf16_masters") {
     ok = check_equivalence(l, {"--model_dtype", "bf16", "--bf16"}, 32, 3e-2, true);
+  } else if (scenario == "fp8") {
+    // One FP8 layer under the delayed recipe. The ranks see other examples, so their own input
+    // amaxes differ; the all-reduce (max) before each update gives both the same history and
+    // scales, bit for bit, and the run stays the one process's within bf16's tolerance.
+    ok = check_equivalence(l, {"--middle", "32", "--bf16", "--fp8", "--fp8_amax_history_len", "16"},
+                           32, 3e-2, false);
+    const auto rank0 = load_results(l.dir + "/two.safetensors.rank0");
+    const auto rank1 = load_results(l.dir + "/two.safetensors.rank1");
+    for (const char* name : {"fp8.amax_history", "fp8.scale"}) {
+      ok &= same_tensor(rank0, rank1, name, 0, 0, "rank 0 vs rank 1");
+    }
+    if (rank0.count("fp8.scale") != 0) {
+      std::cout << "FP8 scales of rank 0: " << rank0.at("fp8.scale") << std::endl;
+      ok &= rank0.at("fp8.scale").ne(1.0).all().item<bool>();  // updated from their start
+    }
   } else if (scenario == "fp16_compress" || scenario == "bf16_compress") {
     // Gradients summed in 16 bits: close to the fp32 run, not equal. With SGD, whose step is
     // proportional to the gradient (Adam's is not), a bucket averaged wrongly would show.

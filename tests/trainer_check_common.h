@@ -6,9 +6,10 @@
 // its command line is "trainer_check", whichever executable runs it.
 //
 // Worker options: --num_examples N (256), --hidden H (32), --dropout P (0), --model_dtype
-// fp32|bf16 (fp32), --eval N (0: no evaluation), --data FILE (data and initial weights from a
-// safetensors file of tests/ddp/torch_ddp_reference.py), --die-on-rank R --die-at-step S (that
-// rank kills itself with SIGKILL after step S).
+// fp32|bf16 (fp32), --middle M (0: none; else a Float8Linear hidden -> M between the two
+// layers, which --fp8 runs in FP8), --eval N (0: no evaluation), --data FILE (data and initial
+// weights from a safetensors file of tests/ddp/torch_ddp_reference.py), --die-on-rank R
+// --die-at-step S (that rank kills itself with SIGKILL after step S).
 
 #include <fcntl.h>
 
@@ -26,6 +27,8 @@
 #include <torch/torch.h>
 
 #include <mantissa/distributed.h>
+#include <mantissa/fp8/float8_linear.h>
+#include <mantissa/fp8/scaling_state.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/trainer.h>
 
@@ -48,6 +51,7 @@ struct WorkerOptions {
   std::string results;
   std::int64_t num_examples = 256;
   std::int64_t hidden = 32;
+  std::int64_t middle = 0;
   double dropout = 0.0;
   std::string model_dtype = "fp32";
   std::int64_t eval = 0;
@@ -57,14 +61,22 @@ struct WorkerOptions {
 };
 
 /// 20 -> hidden -> 4, with parameters fc1.weight, fc1.bias, fc2.weight, fc2.bias (the names of
-/// tests/ddp/torch_ddp_reference.py's model).
+/// tests/ddp/torch_ddp_reference.py's model); with `middle` > 0, 20 -> hidden -> middle -> 4, the
+/// middle layer `mid` a Float8Linear (the one --fp8 converts: the others are first and last).
 struct MlpImpl : torch::nn::Module {
-  MlpImpl(std::int64_t hidden, double dropout)
+  MlpImpl(std::int64_t hidden, double dropout, std::int64_t middle)
       : fc1(register_module("fc1", torch::nn::Linear(20, hidden))),
+        mid(middle > 0 ? register_module("mid", mantissa::fp8::Float8Linear(hidden, middle))
+                       : mantissa::fp8::Float8Linear(nullptr)),
         drop(register_module("drop", torch::nn::Dropout(dropout))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, 4))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(drop(torch::relu(fc1(x)))); }
+        fc2(register_module("fc2", torch::nn::Linear(middle > 0 ? middle : hidden, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(fc1(x));
+    if (!mid.is_empty()) h = torch::relu(mid(h));
+    return fc2(drop(h));
+  }
   torch::nn::Linear fc1;
+  mantissa::fp8::Float8Linear mid;
   torch::nn::Dropout drop;
   torch::nn::Linear fc2;
 };
@@ -122,7 +134,7 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   // Each rank starts from other weights: the Trainer must copy rank 0's (seed 1, the lone
   // process's) to all.
   torch::manual_seed(1 + static_cast<std::uint64_t>(env.rank));
-  Mlp model(o.hidden, o.dropout);
+  Mlp model(o.hidden, o.dropout, o.middle);
   if (!init.empty()) {
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) item.value().copy_(init.at(item.key()));
@@ -153,6 +165,10 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
     if (entry.count("loss") != 0) losses.push_back(entry.at("loss"));
   }
   out.emplace_back("losses", torch::tensor(losses, torch::kDouble));
+  if (const auto* fp8_state = trainer.fp8_scaling_state()) {
+    out.emplace_back("fp8.amax_history", fp8_state->amax_history().cpu().clone());
+    out.emplace_back("fp8.scale", fp8_state->scales().cpu().clone());
+  }
   std::map<std::string, std::string> metadata;
   if (eval) {
     const auto metrics = trainer.evaluate();
@@ -385,6 +401,7 @@ inline int trainer_check_main(int argc, char** argv,
       o.results = value_of(rest, "--results", "");
       o.num_examples = std::stoll(value_of(rest, "--num_examples", "256"));
       o.hidden = std::stoll(value_of(rest, "--hidden", "32"));
+      o.middle = std::stoll(value_of(rest, "--middle", "0"));
       o.dropout = std::stod(value_of(rest, "--dropout", "0"));
       o.model_dtype = value_of(rest, "--model_dtype", "fp32");
       o.eval = std::stoll(value_of(rest, "--eval", "0"));

@@ -203,7 +203,13 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.ddp_comm_hook(), mantissa::DdpCommHook::kNone);
   EXPECT_EQ(a.fsdp(), "");
   EXPECT_FALSE(a.fsdp_config().has_value());
-  EXPECT_EQ(field_names().size(), 68u) << "a field was added or removed: update this test, "
+    EXPECT_FALSE(a.fp8());
+  EXPECT_EQ(a.fp8_recipe(), mantissa::fp8::ScalingRecipe::kDelayed);
+  EXPECT_EQ(a.fp8_amax_history_len(), 1024);
+  EXPECT_EQ(a.fp8_amax_compute_algo(), mantissa::fp8::AmaxComputeAlgo::kMax);
+  EXPECT_EQ(a.fp8_margin(), 0);
+  EXPECT_EQ(a.fp8_format(), mantissa::fp8::Float8Format::kHybrid);
+  EXPECT_EQ(field_names().size(), 74u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -332,7 +338,18 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
                                           "--dataloader_num_workers",
                                           "2",
                                           "--dataloader_drop_last",
-                                          "--disable_tqdm"};
+                                          "--disable_tqdm",
+                                          "--fp8",
+                                          "--fp8_recipe",
+                                          "current",
+                                          "--fp8_amax_history_len",
+                                          "16",
+                                          "--fp8_amax_compute_algo",
+                                          "most_recent",
+                                          "--fp8_margin",
+                                          "2",
+                                          "--fp8_format",
+                                          "E4M3"};
   // clang-format off
   const std::vector<std::string> argv2 = {
       "--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
@@ -402,6 +419,12 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(a.dataloader_num_workers(), 2);
   EXPECT_TRUE(a.dataloader_drop_last());
   EXPECT_TRUE(a.disable_tqdm());
+  EXPECT_TRUE(a.fp8());
+  EXPECT_EQ(a.fp8_recipe(), mantissa::fp8::ScalingRecipe::kCurrent);
+  EXPECT_EQ(a.fp8_amax_history_len(), 16);
+  EXPECT_EQ(a.fp8_amax_compute_algo(), mantissa::fp8::AmaxComputeAlgo::kMostRecent);
+  EXPECT_EQ(a.fp8_margin(), 2);
+  EXPECT_EQ(a.fp8_format(), mantissa::fp8::Float8Format::kE4M3);
 
   const TrainingArguments b = TrainingArguments::parse(argv2);
   EXPECT_TRUE(b.fp16());

@@ -30,8 +30,8 @@ void GptConfig::validate() const {
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config) : n_head(config.n_head) {
-  qkv = register_module("qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
-  proj = register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  qkv = register_module("qkv", fp8::Float8Linear(config.n_embd, 3 * config.n_embd));
+  proj = register_module("proj", fp8::Float8Linear(config.n_embd, config.n_embd));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -49,8 +49,8 @@ BlockImpl::BlockImpl(const GptConfig& config) {
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
   attn = register_module("attn", CausalSelfAttention(config));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
-  fc = register_module("fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
-  fc_proj = register_module("fc_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  fc = register_module("fc", fp8::Float8Linear(config.n_embd, 4 * config.n_embd));
+  fc_proj = register_module("fc_proj", fp8::Float8Linear(4 * config.n_embd, config.n_embd));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {

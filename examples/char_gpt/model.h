@@ -1,7 +1,8 @@
 #pragma once
 // A decoder-only transformer (GPT-2's layout): token and position embeddings, pre-LayerNorm
 // blocks of causal self-attention and a GELU MLP, a final LayerNorm, and an LM head tied to
-// the token embedding.
+// the token embedding. The linear layers are `Float8Linear`s, which `--fp8` switches to FP8
+// (all but the first and the last, docs/fp8.md); otherwise they are `torch::nn::Linear`s.
 
 #include <cstdint>
 #include <string>
@@ -14,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <mantissa/batch.h>
+#include <mantissa/fp8/float8_linear.h>
 #include <mantissa/model_output.h>
 
 namespace mantissa::examples {
@@ -44,7 +46,7 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   std::int64_t n_head;
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  fp8::Float8Linear qkv{nullptr}, proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -55,7 +57,7 @@ struct BlockImpl : torch::nn::Module {
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
-  torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
+  fp8::Float8Linear fc{nullptr}, fc_proj{nullptr};
 };
 TORCH_MODULE(Block);
 

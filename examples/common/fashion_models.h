@@ -1,8 +1,12 @@
 #pragma once
 // The models trained on Fashion-MNIST by the examples and the benchmarks, defined once.
-// bench/python/models.py defines the same two models in PyTorch for the Python anchors.
+// bench/python/models.py defines the same two models in PyTorch for the Python anchors. Their
+// linear layers are `Float8Linear`s: `torch::nn::Linear` (same initialization, names and
+// forward) until `--fp8` switches the inner ones to FP8 (docs/fp8.md).
 
 #include <torch/torch.h>
+
+#include <mantissa/fp8/float8_linear.h>
 
 namespace mantissa::examples {
 
@@ -11,8 +15,8 @@ namespace mantissa::examples {
 struct FashionCnnImpl : torch::nn::Module {
   torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 32, 3).padding(1)};
   torch::nn::Conv2d conv2{torch::nn::Conv2dOptions(32, 64, 3).padding(1)};
-  torch::nn::Linear fc1{64 * 7 * 7, 128};
-  torch::nn::Linear fc2{128, 10};
+  fp8::Float8Linear fc1{64 * 7 * 7, 128};
+  fp8::Float8Linear fc2{128, 10};
   torch::nn::Dropout dropout{0.25};
 
   FashionCnnImpl() {
@@ -35,9 +39,9 @@ TORCH_MODULE(FashionCnn);
 /// A small MLP on the flattened image, 784-256-256-10 (~0.27M parameters): so little
 /// arithmetic per step that the time goes to dispatching ops, which is what it is for.
 struct FashionMlpImpl : torch::nn::Module {
-  torch::nn::Linear fc1{28 * 28, 256};
-  torch::nn::Linear fc2{256, 256};
-  torch::nn::Linear fc3{256, 10};
+  fp8::Float8Linear fc1{28 * 28, 256};
+  fp8::Float8Linear fc2{256, 256};
+  fp8::Float8Linear fc3{256, 10};
 
   FashionMlpImpl() {
     register_module("fc1", fc1);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <mantissa/choice.h>
+#include <mantissa/fp8/recipe.h>
 
 /// The enums behind the `TrainingArguments` fields that take one of a fixed set of names.
 /// Names and spellings are Hugging Face's (`transformers.training_args.OptimizerNames`,
@@ -146,6 +147,26 @@ struct ChoiceTraits<DdpCommHook> {
   static constexpr const char* names[] = {"none", "fp16_compress", "bf16_compress"};
 };
 
+// The FP8 recipe's enums (include/mantissa/fp8/recipe.h), for `--fp8_recipe`, `--fp8_format` and
+// `--fp8_amax_compute_algo`: TransformerEngine's spellings, as `fp8::to_string` writes them.
+template <>
+struct ChoiceTraits<fp8::ScalingRecipe> {
+  static constexpr const char* enum_name = "ScalingRecipe";
+  static constexpr const char* names[] = {"current", "delayed"};
+};
+
+template <>
+struct ChoiceTraits<fp8::Float8Format> {
+  static constexpr const char* enum_name = "Float8Format";
+  static constexpr const char* names[] = {"HYBRID", "E4M3"};
+};
+
+template <>
+struct ChoiceTraits<fp8::AmaxComputeAlgo> {
+  static constexpr const char* enum_name = "AmaxComputeAlgo";
+  static constexpr const char* names[] = {"max", "most_recent"};
+};
+
 // Each enum has one spelling per enumerator.
 static_assert(Choice<OptimizerNames>::size() == static_cast<int>(OptimizerNames::kSgd) + 1);
 static_assert(Choice<SchedulerType>::size() ==
@@ -157,5 +178,10 @@ static_assert(Choice<LowPrecisionUpdateMode>::size() ==
               static_cast<int>(LowPrecisionUpdateMode::kStochasticRounding) + 1);
 static_assert(Choice<ReportTo>::size() == static_cast<int>(ReportTo::kTensorboard) + 1);
 static_assert(Choice<DdpCommHook>::size() == static_cast<int>(DdpCommHook::kBf16Compress) + 1);
+static_assert(Choice<fp8::ScalingRecipe>::size() ==
+              static_cast<int>(fp8::ScalingRecipe::kDelayed) + 1);
+static_assert(Choice<fp8::Float8Format>::size() == static_cast<int>(fp8::Float8Format::kE4M3) + 1);
+static_assert(Choice<fp8::AmaxComputeAlgo>::size() ==
+              static_cast<int>(fp8::AmaxComputeAlgo::kMostRecent) + 1);
 
 }  // namespace mantissa

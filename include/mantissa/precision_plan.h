@@ -5,6 +5,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <mantissa/fp8/recipe.h>
 #include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa {
@@ -41,8 +42,16 @@ struct PrecisionPlan {
   optim::LowPrecisionUpdate low_precision_update = optim::LowPrecisionUpdate::kNearest;
   /// TF32 for fp32 matmuls/convs: set by `--tf32`, unset leaves LibTorch's setting alone.
   std::optional<bool> tf32;
+  /// `--fp8`: the recipe the model's `Float8Linear` layers run with (docs/fp8.md); unset
+  /// without FP8.
+  std::optional<fp8::Float8Recipe> fp8;
+  /// With `fp8`, once the Trainer has converted the model (its first `train()`, `optimizer()`
+  /// or `lr_scheduler()`): which layers run in FP8, `fp8::Float8Conversion::describe()`.
+  /// Empty before.
+  std::string fp8_layers;
 
-  /// One line for the log: "bf16 autocast, fp32 weights, no loss scaling".
+  /// One line for the log: "bf16 autocast, fp32 weights, no loss scaling", with FP8 followed
+  /// by "; fp8 delayed (HYBRID, ...): 1 of 3 linear layers (1); high precision: 0, 2".
   std::string describe() const;
 };
 

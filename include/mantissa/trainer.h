@@ -23,6 +23,9 @@
 
 namespace mantissa {
 
+namespace fp8 {
+class Float8ScalingState;
+}  // namespace fp8
 namespace amp {
 class GradScaler;
 }
@@ -200,6 +203,10 @@ class Trainer {
   torch::optim::Optimizer& optimizer();
   /// The learning-rate scheduler; created with the optimizer. Python: `trainer.lr_scheduler`.
   LrScheduler& lr_scheduler();
+  /// With `--fp8 --fp8_recipe delayed`: every FP8 layer's amax history and scales (docs/fp8.md),
+  /// made with the optimizer; null before that and for other runs. Python: the `fp8_meta` of
+  /// TransformerEngine's modules. Reading its tensors does not sync; `state_dict()` does.
+  const fp8::Float8ScalingState* fp8_scaling_state() const;
 
  private:
   template <typename T>

@@ -140,6 +140,23 @@
     "nearest rounds (an update below half an ulp of its weight is lost), kahan keeps the "         \
     "lost part in a buffer for the next step, stochastic_rounding rounds up or down at "           \
     "random, right on average; auto is kahan with mantissa's FusedAdamW, else nearest.")           \
+  /* ---- FP8 (mantissa; TransformerEngine's DelayedScaling names) -------------------- */      \
+  X(bool, fp8, false,                                                                              \
+    "Run the matmuls of the model's Float8Linear layers in FP8 (at::_scaled_mm), except the "      \
+    "first and last linear layer and those whose sizes are not multiples of 16. Needs bf16 or "    \
+    "fp16 (the autocast dtype of everything else).")                                               \
+  X(Choice<fp8::ScalingRecipe>, fp8_recipe, fp8::ScalingRecipe::kDelayed,                          \
+    "Where each FP8 tensor's scale comes from: delayed (an amax history of earlier steps, "        \
+    "TransformerEngine's DelayedScaling, checkpointed) or current (the tensor's own amax, "        \
+    "torchao's tensorwise recipe).")                                                               \
+  X(int64_t, fp8_amax_history_len, 1024,                                                           \
+    "Optimizer steps of amaxes the delayed recipe remembers; at least 1.")                         \
+  X(Choice<fp8::AmaxComputeAlgo>, fp8_amax_compute_algo, fp8::AmaxComputeAlgo::kMax,               \
+    "How the delayed recipe turns its history into one amax: max (the largest) or most_recent.")   \
+  X(int64_t, fp8_margin, 0,                                                                        \
+    "The scales are divided by 2^fp8_margin, leaving headroom above the amax; in [0, 64].")        \
+  X(Choice<fp8::Float8Format>, fp8_format, fp8::Float8Format::kHybrid,                             \
+    "FP8 dtypes: HYBRID (e4m3 forward, e5m2 gradients) or E4M3 (e4m3 for all three).")             \
   /* ---- loss scaling (fp16): DeepSpeed's names, torch.amp.GradScaler's behaviour ------ */       \
   X(double, loss_scale, 0.0,                                                                       \
     "0 scales the loss dynamically (GradScaler); a positive value is a fixed scale.")              \
@@ -236,7 +253,8 @@ namespace mantissa {
 /// `TrainingArguments& name(T)` and getters `const T& name() const` / `T& name()`. Setting
 /// a field checks nothing; `validate()` does (`parse`, `from_json` and the Trainer call it).
 /// The fields that take one of a fixed set of names (`optim`, `lr_scheduler_type`, the three
-/// strategies, `master_weights`, `low_precision_update`, `report_to`, `ddp_comm_hook`) hold a
+/// strategies, `master_weights`, `low_precision_update`, `report_to`, `ddp_comm_hook`,
+/// `fp8_recipe`, `fp8_amax_compute_algo`, `fp8_format`) hold a
 /// `Choice` of an enum of include/mantissa/argument_enums.h: set them by enum or by spelling
 /// (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare them with the enum
 /// (`args.optim() == OptimizerNames::kSgd`; a string comparison does not compile), and read the
@@ -363,6 +381,12 @@ class TrainingArguments {
   bool resolved_ddp_broadcast_buffers() const;
   /// Whether `fsdp` asks for `shard_grad_op` (ZeRO-2: gradients and optimizer state sharded).
   bool fsdp_shards_grad_op() const;
+
+  /// The FP8 recipe of `fp8_recipe`, `fp8_format`, `fp8_amax_history_len`,
+  /// `fp8_amax_compute_algo` and `fp8_margin` (meaningful when `fp8`). Python: TE's
+  /// `DelayedScaling(margin=..., fp8_format=..., amax_history_len=..., amax_compute_algo=...)`.
+  /// Throws `c10::ValueError` for a choice that names no recipe, format or algorithm. Host only.
+  fp8::Float8Recipe float8_recipe() const;
 
   /// The first loss scale: `loss_scale` when a static scale is set, else
   /// `2^initial_scale_power` (65536 by default, `torch.amp.GradScaler`'s `init_scale`).

@@ -46,6 +46,17 @@ void DataParallel::check_same_text(const std::string& value, const std::string& 
   collectives_->check_same_text(value, what);
 }
 
+void DataParallel::max_all_reduce_(torch::Tensor& tensor) const {
+  collectives_->guarded("taking the maximum over the processes", [&] {
+    const bool elsewhere = tensor.device() != collectives_->device();
+    std::vector<torch::Tensor> tensors{elsewhere ? tensor.to(collectives_->device()) : tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::MAX;
+    collectives_->group()->allreduce(tensors, options)->wait();
+    if (elsewhere) tensor.copy_(tensors[0]);
+  });
+}
+
 std::int64_t DataParallel::examples_per_process(std::int64_t num_examples, bool drop_last) const {
   return static_cast<std::int64_t>(
       distributed::distributed_sampler_indices(num_examples, world_size(), rank(), 0, 0,

@@ -37,6 +37,9 @@ class DataParallel : public Strategy {
   bool passed_everywhere(const std::function<void()>& check) const override;
   std::string broadcast(const std::string& bytes) const override;
   void check_same_text(const std::string& value, const std::string& what) const override;
+  /// One `allreduce` with `ReduceOp::MAX` over the job's group (through the backend's device
+  /// when `tensor` lives elsewhere, as a CUDA tensor under gloo).
+  void max_all_reduce_(torch::Tensor& tensor) const override;
 
   /// This rank's `DistributedSampler` share.
   std::int64_t examples_per_process(std::int64_t num_examples, bool drop_last) const override;

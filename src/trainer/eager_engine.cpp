@@ -57,7 +57,18 @@ void EagerEngine::update_on_device(bool with_callbacks) {
   } else {
     scaler.update(args.loss_scale());
   }
+  update_fp8_scales();
   parts_.loss_window.count_update();
+}
+
+void EagerEngine::update_fp8_scales() {
+  auto* state = parts_.fp8_state;
+  if (state == nullptr) return;
+  // Every micro-batch of the group has recorded its amaxes into row 0 by now; a skipped step
+  // updates too (TE does), so an overflow's inf amax leaves the scale as it was.
+  fp8::all_reduce_amaxes_(*state,
+                          [this](at::Tensor& amaxes) { parts_.strategy.max_all_reduce_(amaxes); });
+  state->update_();
 }
 
 bool EagerEngine::update_on_host(const torch::Tensor& scale_before, bool zero_grads) {

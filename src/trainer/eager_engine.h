@@ -33,9 +33,10 @@ class EagerEngine final : public StepEngine {
   /// locally, as under DDP's `no_sync()`. No sync with the device.
   void forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients = true);
 
-  /// The device half of the update at an accumulation boundary. No sync, so it can be
-  /// captured in a CUDA graph, where the host-side `on_pre_optimizer_step` does not belong:
-  /// `with_callbacks` false then.
+  /// The device half of the update at an accumulation boundary, ending with the FP8 scales'
+  /// update (delayed recipe: the amaxes all-reduced (max) across the processes, then
+  /// `update_()`). No sync, so it can be captured in a CUDA graph, where the host-side
+  /// `on_pre_optimizer_step` does not belong: `with_callbacks` false then.
   void update_on_device(bool with_callbacks);
 
   /// The host half: whether the update was skipped (a sync, only with loss scaling), with its
@@ -58,6 +59,9 @@ class EagerEngine final : public StepEngine {
   void disable_autocast_cache() noexcept { autocast_cache_ = false; }
 
  private:
+  /// The delayed FP8 recipe's step: one max all-reduce of the amaxes, then new scales.
+  void update_fp8_scales();
+
   StepParts parts_;
   bool fused_writes_back_;  // FusedAdamW casts the masters into the model in its own pass
   bool autocast_cache_ = true;

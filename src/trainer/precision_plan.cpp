@@ -42,7 +42,14 @@ std::string PrecisionPlan::describe() const {
                             ? fmt::format("static loss scale {:g}", *static_loss_scale)
                             : std::string("dynamic loss scaling");
   std::string tf32_text = tf32.has_value() ? (*tf32 ? ", tf32 on" : ", tf32 off") : "";
-  return fmt::format("{}, {}, {}{}", compute, weights_text, scaling, tf32_text);
+  std::string fp8_text;
+  if (fp8) {
+    fp8_text = "; " + (fp8_layers.empty()
+                           ? fmt::format("fp8 {} (the layers are chosen when training starts)",
+                                         fp8::to_string(fp8->recipe()))
+                           : fp8_layers);
+  }
+  return fmt::format("{}, {}, {}{}{}", compute, weights_text, scaling, tf32_text, fp8_text);
 }
 
 namespace detail {
@@ -85,6 +92,8 @@ void warn_unused_update_rule(const TrainingArguments& args, const PrecisionPlan&
 
 PrecisionPlan make_precision_plan(const TrainingArguments& args, c10::ScalarType param_dtype) {
   PrecisionPlan plan = plan_without_warnings(args, param_dtype);
+  // Which layers run in FP8 is known once the model is converted (Trainer::Impl::prepare).
+  if (args.fp8()) plan.fp8 = args.float8_recipe();
   warn_unused_update_rule(args, plan);
   return plan;
 }

@@ -23,6 +23,7 @@ class SingleProcess : public Strategy {
   bool passed_everywhere(const std::function<void()>& check) const override;
   std::string broadcast(const std::string& bytes) const override { return bytes; }
   void check_same_text(const std::string&, const std::string&) const override {}
+  void max_all_reduce_(torch::Tensor&) const override {}
 
   std::int64_t examples_per_process(std::int64_t num_examples, bool) const override {
     return num_examples;

@@ -103,5 +103,8 @@ LrScheduler& Trainer::lr_scheduler() {
   impl_->prepare();
   return impl_->lr_scheduler();
 }
+const fp8::Float8ScalingState* Trainer::fp8_scaling_state() const {
+  return impl_->fp8_scaling_state();
+}
 
 }  // namespace mantissa

@@ -78,6 +78,7 @@ void Trainer::Impl::prepare() {
       args_);
   if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
+  if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
   // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
   strategy_->prepare_model(*module_);
   // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.
@@ -117,6 +118,18 @@ void Trainer::Impl::prepare() {
   TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
   o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
   update_callback_context();
+}
+
+void Trainer::Impl::convert_to_fp8() {
+  auto conversion = fp8::convert_to_float8_training(*module_, *plan_.fp8);
+  TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
+                    "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
+                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers, "
+                    "other than its first and last linear layer, whose dimensions are multiples "
+                    "of 16; declare such layers as Float8Linear (docs/fp8.md), or train "
+                    "without --fp8");
+  plan_.fp8_layers = conversion.describe();
+  objects_.fp8 = std::move(conversion);
 }
 
 void Trainer::Impl::check_output_dir(bool resuming) const {
@@ -226,6 +239,7 @@ detail::CheckpointParts Trainer::Impl::checkpoint_parts() {
   parts.args = &args_;
   parts.process_index = strategy_->rank();
   parts.num_processes = strategy_->world_size();
+  parts.fp8_state = objects_.fp8 ? objects_.fp8->state.get() : nullptr;
   return parts;
 }
 
@@ -250,7 +264,8 @@ detail::StepParts Trainer::Impl::step_parts(detail::LossWindow& loss_window) {
                            state_,
                            loss_window,
                            *progress_,
-                           *strategy_};
+                           *strategy_,
+                           objects_.fp8 ? objects_.fp8->state.get() : nullptr};
 }
 // ---- logging, evaluation, saving ------------------------------------------------------------
 

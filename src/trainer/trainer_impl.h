@@ -9,6 +9,7 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
+#include <mantissa/fp8/convert.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer.h>
 
@@ -43,6 +44,8 @@ struct TrainingObjects {
   std::unique_ptr<LrScheduler> scheduler;       ///< set last: non-null means prepared
   /// Disabled until prepare() configures it from the plan (loss scaling for fp16).
   amp::GradScaler scaler{amp::GradScalerOptions().enabled(false)};
+  /// With `--fp8`: what converting the model did, and the delayed recipe's state.
+  std::optional<fp8::Float8Conversion> fp8;
 };
 
 /// The Trainer's objects and the steps that wire them together. Reached only through
@@ -87,6 +90,10 @@ class Trainer::Impl {
   torch::optim::Optimizer& optimizer() { return *objects_.optimizer.optimizer; }
   /// After `prepare()`.
   LrScheduler& lr_scheduler() { return *objects_.scheduler; }
+  /// The delayed FP8 recipe's state after `prepare()`; null without it.
+  const fp8::Float8ScalingState* fp8_scaling_state() const noexcept {
+    return objects_.fp8 ? objects_.fp8->state.get() : nullptr;
+  }
 
  private:
   // ---- setup and resume (trainer_impl.cpp) -------------------------------------------------
@@ -95,6 +102,9 @@ class Trainer::Impl {
   /// `overwrite_output_dir`; checked by the processes that write, agreed by all. Python: the
   /// same check in `Trainer.train`.
   void check_output_dir(bool resuming) const;
+  /// `--fp8`: switches the model's `Float8Linear` layers to FP8 (on the training device) and
+  /// records which in the plan. Throws `c10::ValueError` when no layer can run in FP8.
+  void convert_to_fp8();
   /// A fresh TrainerState for this run: its sizes and intervals, step 0.
   void start_state();
   /// Sets `state`'s process flags (`is_world_process_zero`, `is_local_process_zero`).

@@ -53,6 +53,15 @@ bool TrainingArguments::fsdp_shards_grad_op() const {
   return detail::read_fsdp_settings(fsdp_, fsdp_config_).shard_grad_op;
 }
 
+fp8::Float8Recipe TrainingArguments::float8_recipe() const {
+  return fp8::Float8Recipe()
+      .recipe(fp8_recipe_.value())
+      .fp8_format(fp8_format_.value())
+      .amax_history_len(fp8_amax_history_len_)
+      .amax_compute_algo(fp8_amax_compute_algo_.value())
+      .margin(fp8_margin_);
+}
+
 double TrainingArguments::init_loss_scale() const {
   if (loss_scale_ > 0) return loss_scale_;
   return std::ldexp(1.0, static_cast<int>(initial_scale_power_));

@@ -176,6 +176,17 @@ void check_precision_flags(const TrainingArguments& args) {
                     "(fp16_full_eval=True, bf16_full_eval=True)");
 }
 
+// FP8 runs the converted layers' matmuls in FP8 and everything else under autocast, whose
+// dtype is the one the FP8 GEMMs write; the recipe's numbers are checked by the recipe itself
+// (its messages name the fields). Checked whether or not fp8 is on, as HF checks every field.
+void check_fp8(const TrainingArguments& args) {
+  TORCH_CHECK_VALUE(!args.fp8() || args.bf16() || args.fp16(),
+                    "fp8 needs bf16 or fp16 mixed precision for the layers and outputs that stay "
+                    "in high precision: add --bf16 (or --fp16) (fp8=True, bf16=False, "
+                    "fp16=False)");
+  args.float8_recipe().validate();
+}
+
 void check_output_dir(const TrainingArguments& args) {
   TORCH_CHECK_VALUE(!args.output_dir().empty(), "output_dir must not be empty, got ''");
 }
@@ -393,6 +404,7 @@ void TrainingArguments::validate() const {
   check_choice_fields(*this);
   check_reporting(*this);
   check_precision_flags(*this);
+  check_fp8(*this);
   check_output_dir(*this);
   check_run_length(*this);
   check_optimizer(*this);
