@@ -64,7 +64,10 @@ void check_config(const Json& object) {
       "cpu_ram_efficient_loading"};
   static const std::set<std::string> kBoolRefusedWhenTrue = {
       "offload_params", "cpu_offload", "activation_checkpointing", "xla", "xla_fsdp_grad_ckpt"};
-  for (const auto& [raw_key, value] : object.items()) {
+  for (const auto& item : object.items()) {
+    // Named copies: a lambda below uses them, and C++17 lambdas cannot capture bindings.
+    const std::string raw_key = item.key();
+    const Json& value = item.value();
     const std::string key = raw_key.rfind("fsdp_", 0) == 0 ? raw_key.substr(5) : raw_key;
     const auto is_bool = [&] {
       TORCH_CHECK_VALUE(value.is_boolean(), "fsdp_config: '", raw_key,
