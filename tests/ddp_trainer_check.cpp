@@ -238,46 +238,11 @@ int run_check(const std::string& scenario, Launch l) {
   } else if (scenario == "pytorch_parity") {
     // PyTorch's DistributedDataParallel under torchrun against mantissa's 2 ranks, on the same
     // data, initial weights, order and step.
-    if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun) || l.reference.empty()) {
-      std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
-      return kSkipped;
-    }
-    const auto golden = l.dir + "/torch_ddp.safetensors";
-    const auto port = std::to_string(mt::free_port());
-    auto env = mt::environment_without_launcher_variables();
-    env.push_back("GLOO_SOCKET_IFNAME=lo");
-    const auto pid =
-        mt::start_process(l.torchrun,
-                          {"torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                           "--master_port", port, l.reference, "--out", golden},
-                          env, l.dir + "/torch.log");
-    const auto status = mt::wait_for({pid}, l.deadline_s);
-    std::cout << "---- PyTorch DDP (exit " << status[0] << ")\n"
-              << read_text(l.dir + "/torch.log") << std::flush;
-    ok = status[0] == 0;
-    if (ok) {
-      const auto meta = mantissa::io::load_safetensors_metadata(golden);
-      const auto option = [&](const char* key) { return meta.at(key); };
-      const auto ranks = run_ranks(
-          l, 2,
-          std::vector<std::string>{"--results", l.dir + "/mantissa.st", "--data", golden} +
-              common_flags(l.dir + "/out") +
-              std::vector<std::string>{
-                  "--per_device_train_batch_size", option("per_device_train_batch_size"),
-                  "--gradient_accumulation_steps", option("gradient_accumulation_steps"),
-                  "--max_steps", option("max_steps"), "--learning_rate", option("learning_rate"),
-                  "--seed", option("seed"), "--max_grad_norm", option("max_grad_norm"), "--optim",
-                  "adamw_torch", "--ddp_find_unused_parameters", "false"},
-          l.dir + "/mantissa");
-      ok &= all_zero(ranks);
-      if (ok) {
-        const auto torch_results = load_results(golden);
-        const auto ours = load_results(l.dir + "/mantissa.st.rank0");
-        ok &= same_weights(torch_results, ours, 1e-4, 1e-5, "PyTorch DDP vs mantissa");
-        Results theirs_losses{{"losses", torch_results.at("step_loss").to(torch::kDouble)}};
-        ok &= same_tensor(theirs_losses, ours, "losses", 1e-4, 1e-5, "PyTorch DDP vs mantissa");
-      }
-    }
+    const auto agreed = check_pytorch_parity(
+        l, {}, {"--optim", "adamw_torch", "--ddp_find_unused_parameters", "false"},
+        "PyTorch DDP vs mantissa");
+    if (!agreed) return kSkipped;
+    ok = *agreed;
   } else {
     std::cout << "check: unknown scenario '" << scenario << "'" << std::endl;
     return 2;

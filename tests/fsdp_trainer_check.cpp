@@ -188,45 +188,10 @@ int run_check(const std::string& scenario, Launch l) {
   } else if (scenario == "pytorch_parity") {
     // PyTorch's FSDP2 (fully_shard, reshard_after_forward=False) under torchrun against
     // mantissa's 2 sharded ranks, on the same data, initial weights, order and step.
-    if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun) || l.reference.empty()) {
-      std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
-      return kSkipped;
-    }
-    const auto golden = l.dir + "/torch_fsdp.safetensors";
-    const auto port = std::to_string(mt::free_port());
-    auto env = mt::environment_without_launcher_variables();
-    env.push_back("GLOO_SOCKET_IFNAME=lo");
-    const auto pid = mt::start_process(
-        l.torchrun,
-        {"torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", port,
-         l.reference, "--out", golden, "--strategy", "fully_shard"},
-        env, l.dir + "/torch.log");
-    const auto status = mt::wait_for({pid}, l.deadline_s);
-    std::cout << "---- PyTorch fully_shard (exit " << status[0] << ")\n"
-              << read_text(l.dir + "/torch.log") << std::flush;
-    ok = status[0] == 0;
-    if (ok) {
-      const auto meta = mantissa::io::load_safetensors_metadata(golden);
-      const auto option = [&](const char* key) { return meta.at(key); };
-      ok &= all_zero(run_ranks(
-          l, 2,
-          std::vector<std::string>{"--results", l.dir + "/mantissa.st", "--data", golden} +
-              common_flags(l.dir + "/out") + kSharded +
-              std::vector<std::string>{
-                  "--per_device_train_batch_size", option("per_device_train_batch_size"),
-                  "--gradient_accumulation_steps", option("gradient_accumulation_steps"),
-                  "--max_steps", option("max_steps"), "--learning_rate", option("learning_rate"),
-                  "--seed", option("seed"), "--max_grad_norm", option("max_grad_norm")},
-          l.dir + "/mantissa"));
-      if (ok) {
-        const auto torch_results = load_results(golden);
-        const auto ours = load_results(l.dir + "/mantissa.st.rank0");
-        ok &= same_weights(torch_results, ours, 1e-4, 1e-5, "PyTorch fully_shard vs mantissa");
-        Results theirs_losses{{"losses", torch_results.at("step_loss").to(torch::kDouble)}};
-        ok &= same_tensor(theirs_losses, ours, "losses", 1e-4, 1e-5,
-                          "PyTorch fully_shard vs mantissa");
-      }
-    }
+    const auto agreed = check_pytorch_parity(l, {"--strategy", "fully_shard"}, kSharded,
+                                             "PyTorch fully_shard vs mantissa");
+    if (!agreed) return kSkipped;
+    ok = *agreed;
   } else {
     std::cout << "check: unknown scenario '" << scenario << "'" << std::endl;
     return 2;

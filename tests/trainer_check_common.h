@@ -20,6 +20,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -372,6 +373,55 @@ bool check_equivalence(const Launch& l, const std::vector<std::string>& flags, s
 bool contains(const std::string& text, const std::string& part, const std::string& what) {
   const bool ok = text.find(part) != std::string::npos;
   std::cout << what << (ok ? " says " : " does NOT say ") << "'" << part << "'" << std::endl;
+  return ok;
+}
+
+/// PyTorch's run of tests/ddp/torch_ddp_reference.py (with `reference_args`) under torchrun on
+/// 2 ranks, then mantissa's 2 ranks with `flags` on its data, initial weights, order and
+/// options; compares the final weights and the logged losses, naming the runs `what` (such as
+/// "PyTorch DDP vs mantissa"). Returns whether they agree, or nullopt when there is no torchrun
+/// here (the scenario is skipped).
+std::optional<bool> check_pytorch_parity(const Launch& l,
+                                         const std::vector<std::string>& reference_args,
+                                         const std::vector<std::string>& flags,
+                                         const std::string& what) {
+  if (l.torchrun.empty() || !mantissa::io::path_exists(l.torchrun) || l.reference.empty()) {
+    std::cout << "check: SKIPPED, no torchrun at '" << l.torchrun << "'" << std::endl;
+    return std::nullopt;
+  }
+  const auto golden = l.dir + "/torch_reference.safetensors";
+  const auto port = std::to_string(mt::free_port());
+  auto env = mt::environment_without_launcher_variables();
+  env.push_back("GLOO_SOCKET_IFNAME=lo");
+  const auto pid = mt::start_process(
+      l.torchrun,
+      std::vector<std::string>{"torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                               "--master_port", port, l.reference, "--out", golden} +
+          reference_args,
+      env, l.dir + "/torch.log");
+  const auto status = mt::wait_for({pid}, l.deadline_s);
+  std::cout << "---- PyTorch (exit " << status[0] << ")\n"
+            << read_text(l.dir + "/torch.log") << std::flush;
+  if (status[0] != 0) return false;
+  const auto meta = mantissa::io::load_safetensors_metadata(golden);
+  const auto option = [&](const char* key) { return meta.at(key); };
+  const auto ranks = run_ranks(
+      l, 2,
+      std::vector<std::string>{"--results", l.dir + "/mantissa.st", "--data", golden} +
+          common_flags(l.dir + "/out") +
+          std::vector<std::string>{
+              "--per_device_train_batch_size", option("per_device_train_batch_size"),
+              "--gradient_accumulation_steps", option("gradient_accumulation_steps"),
+              "--max_steps", option("max_steps"), "--learning_rate", option("learning_rate"),
+              "--seed", option("seed"), "--max_grad_norm", option("max_grad_norm")} +
+          flags,
+      l.dir + "/mantissa");
+  if (!all_zero(ranks)) return false;
+  const auto torch_results = load_results(golden);
+  const auto ours = load_results(l.dir + "/mantissa.st.rank0");
+  bool ok = same_weights(torch_results, ours, 1e-4, 1e-5, what);
+  Results theirs_losses{{"losses", torch_results.at("step_loss").to(torch::kDouble)}};
+  ok &= same_tensor(theirs_losses, ours, "losses", 1e-4, 1e-5, what);
   return ok;
 }
 
