@@ -1,6 +1,7 @@
 // The GPU's limits, measured in the same run as the figures compared with them
 // (scripts/gpu-check runs this; results in BENCHMARKS.md):
 //   gemm   the bf16 GEMM peak through cuBLAS (cublasGemmEx, fp32 accumulate): the ceiling for
+//          MFU; and on SM 8.9+ the FP8 e4m3 GEMM through at::_scaled_mm (Float8Linear's forward);
 //          model FLOPs utilisation; and an fp32 GEMM with tf32 off and on (mantissa's
 //          Tf32Guard), to check that the flag really changes cuBLAS's math mode.
 //   adamw  FusedAdamW's step in bytes/s against a device-to-device copy of the same size (the
@@ -100,12 +101,37 @@ nlohmann::json bench_gemm(int64_t n, int repeats) {
       "mode)\n",
       fp32_on_ms, flops / (fp32_on_ms * 1e-3) / 1e12, fp32_off_ms / fp32_on_ms,
       fp32_off_ms / fp32_on_ms > 1.5 ? "changes" : "does NOT change");
-  return {{"size", n},
-          {"bf16_ms", bf16_ms},
-          {"bf16_tflops", peak},
-          {"fp32_tf32_off_ms", fp32_off_ms},
-          {"fp32_tf32_on_ms", fp32_on_ms},
-          {"tf32_speedup", fp32_off_ms / fp32_on_ms}};
+  nlohmann::json result = {{"size", n},
+                            {"bf16_ms", bf16_ms},
+                            {"bf16_tflops", peak},
+                            {"fp32_tf32_off_ms", fp32_off_ms},
+                            {"fp32_tf32_on_ms", fp32_on_ms},
+                            {"tf32_speedup", fp32_off_ms / fp32_on_ms}};
+
+  // FP8 (SM 8.9+): e4m3 x e4m3 through at::_scaled_mm with per-tensor scales, bf16 out and
+  // fast accumulation, the forward GEMM of mantissa::fp8::Float8Linear; the second operand
+  // column-major, as cuBLASLt requires.
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  if (props->major * 10 + props->minor >= 89) {
+    const auto a8 = a.to(torch::kFloat8_e4m3fn);
+    const auto b8 = b.to(torch::kFloat8_e4m3fn).t().contiguous().t();  // column-major
+    const auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+    const double fp8_ms = median_ms(
+        [&] {
+          at::_scaled_mm(a8, b8, one, one, std::nullopt, std::nullopt, torch::kBFloat16,
+                         /*use_fast_accum=*/true);
+        },
+        repeats);
+    const double fp8_tflops = flops / (fp8_ms * 1e-3) / 1e12;
+    fmt::print("  fp8 e4m3 at::_scaled_mm  {:8.3f} ms  {:7.1f} TFLOP/s   ({:.2f}x bf16)\n", fp8_ms,
+               fp8_tflops, bf16_ms / fp8_ms);
+    result["fp8_ms"] = fp8_ms;
+    result["fp8_tflops"] = fp8_tflops;
+    result["fp8_speedup_over_bf16"] = bf16_ms / fp8_ms;
+  } else {
+    fmt::print("  fp8: not measured (compute capability {}.{} < 8.9)\n", props->major, props->minor);
+  }
+  return result;
 }
 
 /// Parameters of `numel` elements in all, in 4M-element tensors, as a model's matrices.

@@ -3,10 +3,12 @@
 
     python3 bench/gpu_suite.py --build build-gpu --out OUT_DIR [--dry-run] [--quick]
 
-1. The machine's limits (build/bench/gpu_bench): the bf16 GEMM peak through cuBLAS, fp32 GEMM
-   with tf32 off and on, FusedAdamW's step against a device-to-device copy.
-2. examples/char_gpt at GPT-2-small size (12 x 768, block 1024) in fp32, tf32, bf16 AMP, fp16 AMP
-   and bf16 weights + fp32 masters: tokens/s, and model FLOPs utilisation against (1).
+1. The machine's limits (build/bench/gpu_bench): the bf16 GEMM peak through cuBLAS, the FP8 GEMM
+   through at::_scaled_mm (SM 8.9+), fp32 GEMM with tf32 off and on, FusedAdamW's step against a
+   device-to-device copy.
+2. examples/char_gpt at GPT-2-small size (12 x 768, block 1024) in fp32, tf32, bf16 AMP, fp16 AMP,
+   bf16 weights + fp32 masters and bf16 + FP8 (delayed and current scaling): tokens/s, and model
+   FLOPs utilisation against (1).
 3. The same model and step in PyTorch from Python (bench/python/char_gpt.py, torch.amp) in bf16.
 4. Eager against CUDA-graph steps (--cuda_graph) on the tiny char_gpt, where launches dominate;
    the Python loop on the same tiny model beside them.
@@ -36,6 +38,9 @@ MODES = {
     "bf16": ["--bf16"],
     "fp16": ["--fp16"],
     "bf16_masters": ["--bf16", "--master_weights", "on"],
+    # FP8 GEMMs in the inner linear layers (SM 8.9+), both recipes.
+    "fp8_delayed": ["--bf16", "--fp8", "--fp8_recipe", "delayed"],
+    "fp8_current": ["--bf16", "--fp8", "--fp8_recipe", "current"],
 }
 
 
@@ -177,6 +182,9 @@ def summarize(report):
     summary["tf32_vs_fp32"] = ratio(tps.get("tf32"), tps.get("fp32"))
     summary["fp16_vs_fp32"] = ratio(tps.get("fp16"), tps.get("fp32"))
     summary["bf16_masters_vs_bf16"] = ratio(tps.get("bf16_masters"), tps.get("bf16"))
+    summary["fp8_delayed_vs_bf16"] = ratio(tps.get("fp8_delayed"), tps.get("bf16"))
+    summary["fp8_current_vs_bf16"] = ratio(tps.get("fp8_current"), tps.get("bf16"))
+    summary["fp8_gemm_speedup"] = (limits.get("gemm") or {}).get("fp8_speedup_over_bf16")
     summary["mantissa_vs_python_bf16"] = ratio(tps.get("bf16"), tps.get("python_bf16"))
     n_params = runs.get("bf16", {}).get("params")
     if n_params and peak_tflops:
@@ -200,7 +208,9 @@ def summarize(report):
                ("fused AdamW step / copy bandwidth", summary["fused_adamw_fraction_of_copy"], 0.80),
                ("CUDA graph / eager, tiny model", summary["graph_vs_eager_tiny"], 1.3),
                ("mantissa / PyTorch-in-Python, bf16", summary["mantissa_vs_python_bf16"], 1.0),
-               ("tf32 / fp32 GEMM time", summary["tf32_gemm_speedup"], 1.5)]
+               ("tf32 / fp32 GEMM time", summary["tf32_gemm_speedup"], 1.5),
+               ("fp8 / bf16 GEMM time (_scaled_mm)", summary["fp8_gemm_speedup"], 1.5),
+               ("fp8 delayed / bf16 tokens/s, gpt2-small", summary["fp8_delayed_vs_bf16"], 1.0)]
     print("\nGPU benchmarks (targets from issue 7)")
     for label, value, target in targets:
         shown = "n/a" if value is None else f"{value:.3f}"

@@ -76,6 +76,7 @@ struct Config {
   std::int64_t seed = 42;
   std::string data_dir = mantissa::examples::kFashionMnistDir;
   bool count_ops = false;
+  bool every_rank = false;
   std::optional<std::int64_t> ddp_bucket_cap_mb;  // unset: the Trainer's default
   std::string fsdp;                               // the Trainer's --fsdp (shard_grad_op)
 
@@ -90,6 +91,7 @@ struct Measurement {
   double cpu_seconds = 0.0;  // the process's CPU time over the same steps
   double median_step_seconds = 0.0;
   double mean_loss = 0.0;  // over every step of the run, warmup included
+  std::int64_t optimizer_state_bytes = 0;  // optimizer_state_bytes() at the end of the run
 };
 
 /// A line of /proc/self/status in MiB ("VmRSS", "VmHWM").
@@ -180,6 +182,48 @@ struct StepClockCallback : mantissa::TrainerCallback {
   StepClock& clock;
 };
 
+std::int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
+}
+
+/// The bytes of optimizer state this process holds, counted from its tensors: the moments, step
+/// counters and Kahan buffers of what `optimizer` updates, plus, when those are fp32 masters of
+/// a bf16 model, each master and its gradient. Under fsdp shard_grad_op `optimizer` updates this
+/// rank's shard only.
+std::int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, bool masters) {
+  std::int64_t total = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      if (masters) total += 2 * bytes_of(param);
+      const auto found = optimizer.state().find(param.unsafeGetTensorImpl());
+      if (found == optimizer.state().end()) continue;
+      if (const auto* fused =
+              dynamic_cast<const mantissa::optim::FusedAdamWParamState*>(found->second.get())) {
+        total += bytes_of(fused->step()) + bytes_of(fused->exp_avg()) +
+                 bytes_of(fused->exp_avg_sq()) + bytes_of(fused->max_exp_avg_sq()) +
+                 bytes_of(fused->kahan_comp());
+      } else if (const auto* adamw =
+                     dynamic_cast<const torch::optim::AdamWParamState*>(found->second.get())) {
+        total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) +
+                 bytes_of(adamw->max_exp_avg_sq());
+      }
+    }
+  }
+  return total;
+}
+
+/// Counts the optimizer state when training ends (the callback sees the optimizer the
+/// Trainer's strategy built).
+struct StateBytesCallback : mantissa::TrainerCallback {
+  StateBytesCallback(bool masters, std::int64_t& bytes) : masters(masters), bytes(bytes) {}
+  void on_train_end(const mantissa::TrainingArguments&, mantissa::TrainerState&,
+                    mantissa::TrainerControl&) override {
+    if (context().optimizer != nullptr) bytes = optimizer_state_bytes(*context().optimizer, masters);
+  }
+  bool masters;
+  std::int64_t& bytes;
+};
+
 template <typename Model>
 Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
   const auto output_dir = mantissa::io::make_temp_directory("/tmp", "trainer-bench-");
@@ -205,9 +249,12 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
   StepClock clock{c.warmup, c.total_steps(), {}, {}};
   mantissa::Trainer trainer(model, args, std::move(data));
   trainer.add_callback(std::make_shared<StepClockCallback>(clock));
+  std::int64_t state_bytes = 0;
+  trainer.add_callback(std::make_shared<StateBytesCallback>(c.masters(), state_bytes));
   const auto result = trainer.train();
   mantissa::io::remove_all(output_dir);
-  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), result.training_loss};
+  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), result.training_loss,
+          state_bytes};
 }
 
 /// What a LibTorch user writes by hand for the same run, with the same building blocks.
@@ -260,7 +307,8 @@ Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
     clock.step_ended(step + 1);
   }
   return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(),
-          loss_sum.item<double>() / static_cast<double>(c.total_steps())};
+          loss_sum.item<double>() / static_cast<double>(c.total_steps()),
+          optimizer_state_bytes(*optimizer, c.masters())};
 }
 
 template <typename Model>
@@ -279,8 +327,10 @@ int main(int argc, char** argv) try {
       "One Fashion-MNIST training run through mantissa's Trainer or a hand-written LibTorch loop; "
       "prints one JSON line."};
   app.add_option("--impl", c.impl, "trainer or hand")->check(CLI::IsMember({"trainer", "hand"}));
-  app.add_option("--model", c.model, "mlp (784-256-256-10) or cnn (examples/fashion_mnist)")
-      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--model", c.model,
+                 "mlp (784-256-256-10), cnn (examples/fashion_mnist) or wide_mlp "
+                 "(784-4096-4096-10, ~20M parameters)")
+      ->check(CLI::IsMember({"mlp", "cnn", "wide_mlp"}));
   app.add_option("--precision", c.precision, "fp32, bf16 (autocast, fp32 weights) or bf16_masters")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16_masters"}));
   app.add_option("--optim", c.optim,
@@ -299,6 +349,9 @@ int main(int argc, char** argv) try {
   app.add_option("--fsdp", c.fsdp,
                  "the Trainer's fsdp: shard_grad_op shards gradients and optimizer state across "
                  "the processes (--impl trainer)");
+  app.add_flag("--every_rank", c.every_rank,
+               "every rank prints its JSON line (with its rank and its own peak RSS), not only "
+               "rank 0");
   app.add_flag("--count_ops", c.count_ops,
                "count the ATen ops of the timed steps (ops_per_step in the JSON line, the ops by "
                "name on stderr); "
@@ -321,10 +374,11 @@ int main(int argc, char** argv) try {
 
   if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
-  const auto m = c.model == "mlp"
-                     ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
-                     : run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib);
-  if (!env.is_main_process()) return 0;
+  const auto m =
+      c.model == "mlp"   ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
+      : c.model == "cnn" ? run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib)
+                         : run<mantissa::examples::FashionWideMlp>(c, std::move(data), setup_rss_mib);
+  if (!env.is_main_process() && !c.every_rank) return 0;
   std::string ops_json;
   if (c.count_ops) {
     const auto& counter = OpCounter::instance();
@@ -341,13 +395,16 @@ int main(int argc, char** argv) try {
       "\"batch_size\":%lld,\"warmup\":%lld,\"steps\":%lld,\"threads\":%d,\"default_threads\":%d,"
       "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,"
       "\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
-      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\",\"world_size\":%lld%s}\n",
+      "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\",\"world_size\":%lld,"
+      "\"rank\":%lld,\"fsdp\":\"%s\",\"optimizer_state_bytes\":%lld%s}\n",
       c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(),
       static_cast<long long>(c.batch_size), static_cast<long long>(c.warmup),
       static_cast<long long>(c.steps), at::get_num_threads(), default_threads, m.seconds,
       m.cpu_seconds, 1e3 * m.median_step_seconds, static_cast<double>(c.steps) / m.seconds,
       static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib,
-      status_mib("VmHWM"), TORCH_VERSION, static_cast<long long>(env.world_size), ops_json.c_str());
+      status_mib("VmHWM"), TORCH_VERSION, static_cast<long long>(env.world_size),
+      static_cast<long long>(env.rank), c.fsdp.c_str(),
+      static_cast<long long>(m.optimizer_state_bytes), ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());

@@ -23,7 +23,7 @@
 # `docs_snippets --check`, `docs_snippets <id> [flags...]` to run a program.
 
 set(MANTISSA_DOC_SNIPPET_RUN_ARGS
-  --max_steps 3 --per_device_train_batch_size 16 --save_strategy no --disable_tqdm
+  --max_steps 3 --per_device_train_batch_size 16 --disable_tqdm
   --overwrite_output_dir
   CACHE STRING "Flags every complete program of the docs is run with (plus --output_dir)")
 

@@ -6,6 +6,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/choice.h
   include/mantissa/argument_enums.h
   include/mantissa/training_arguments.h
+  include/mantissa/argument_parser.h
   include/mantissa/amp/autocast.h
   include/mantissa/amp/tf32_guard.h
   include/mantissa/amp/unscale.h
@@ -34,6 +35,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/fp8/scaling_state.h
   include/mantissa/fp8/float8_linear.h
   include/mantissa/fp8/convert.h
+  include/mantissa/nn/multihead_attention.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -62,6 +64,7 @@ set(MANTISSA_CXX_SOURCES
   src/io/event_file.cpp
   src/lr_scheduler.cpp
   src/clip_grad.cpp
+  src/nn/multihead_attention.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
   src/trainer/progress.cpp

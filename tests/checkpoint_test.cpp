@@ -225,6 +225,17 @@ TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
               ThrowsMessage<c10::Error>(AllOf(HasSubstr(model_file), HasSubstr("a FIFO"))));
 }
 
+TEST(CheckpointTest, ATrainingArgsJsonThatIsALinkLoopIsAnError) {
+  // training_args.json is read on resume, so a loop of links there is named, not skipped.
+  const auto run = saved_run();
+  const auto args_file = run.file("training_args.json");
+  ASSERT_EQ(::unlink(args_file.c_str()), 0);
+  ASSERT_EQ(::symlink(args_file.c_str(), args_file.c_str()), 0);
+  EXPECT_THAT([&] { resume(run); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr(args_file),
+                                              HasSubstr("a symbolic link that leads to no file"))));
+}
+
 TEST(CheckpointTest, CheckpointPathThatIsAFileSaysSo) {
   const auto run = saved_run();
   EXPECT_THAT(
@@ -275,11 +286,20 @@ TEST(CheckpointTest, HarmlessChangedArgumentsWarnAndThisRunsValuesApply) {
 TEST(CheckpointTest, FailedLogWriteWarnsOnceAndTrainingGoesOn) {
   const auto dir = mantissa_test::toy_output_dir();
   const auto log_file = dir + "/trainer_log.jsonl";
-  ASSERT_EQ(::symlink("/dev/full", log_file.c_str()), 0);
+  // Made once training has begun (a fresh run first removes a log left in its folder).
+  struct FullDiskAtStart : mantissa::TrainerCallback {
+    explicit FullDiskAtStart(std::string path) : path(std::move(path)) {}
+    void on_train_begin(const TrainingArguments&, mantissa::TrainerState&,
+                        mantissa::TrainerControl&) override {
+      ASSERT_EQ(::symlink("/dev/full", path.c_str()), 0);
+    }
+    std::string path;
+  };
   WarningCapture warnings;
   Trainer trainer(make_toy_model(),
                   toy_args(dir).max_steps(12).logging_steps(2).overwrite_output_dir(true),
                   ToyDataset(100));
+  trainer.add_callback(std::make_shared<FullDiskAtStart>(log_file));
   trainer.train();
   EXPECT_EQ(trainer.state().global_step, 12);
   EXPECT_GE(trainer.state().log_history.size(), 6u);
@@ -464,6 +484,22 @@ TEST(CheckpointTest, TheBestCheckpointNamesItselfInItsOwnState) {
 
 namespace {
 
+TEST(CheckpointTest, AFreshRunOverAnotherStartsAFreshLog) {
+  // Two runs of 4 steps into one output_dir (the second with overwrite_output_dir): the log
+  // holds the second run's steps once, not both runs one after the other.
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto args = toy_args(dir).max_steps(4).logging_steps(2).overwrite_output_dir(true);
+  Trainer(make_toy_model(), args, ToyDataset(100)).train();
+  Trainer(make_toy_model(), args, ToyDataset(100)).train();
+  std::istringstream lines(read_text(dir + "/trainer_log.jsonl"));
+  std::vector<std::int64_t> steps;
+  for (std::string line; std::getline(lines, line);) {
+    const auto entry = nlohmann::json::parse(line);
+    if (!entry.contains("train_runtime")) steps.push_back(entry.at("step").get<std::int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{2, 4}));
+}
+
 TEST(CheckpointTest, AResumedRunDropsTheLogLinesPastItsCheckpoint) {
   // A run of 8 steps with a checkpoint at 4, resumed there: trainer_log.jsonl keeps the lines
   // up to step 4 once, then the resumed run's, so steps never go back.
@@ -497,6 +533,11 @@ TEST(CheckpointSharedSaveTest, SavedProcessCountReadsTheRngFiles) {
   for (std::int64_t rank = 0; rank < 3; ++rank) mantissa::detail::write_rng_state(ranked, rank, 3);
   EXPECT_TRUE(io::path_exists(io::join_path(ranked, "rng_state_2.pth")));
   EXPECT_FALSE(io::path_exists(io::join_path(ranked, "rng_state.pth")));
+  EXPECT_EQ(mantissa::detail::saved_process_count(ranked), 3);
+  // The files record the world size: one deleted does not make it a run of 2.
+  io::remove_all(io::join_path(ranked, "rng_state_1.pth"));
+  EXPECT_EQ(mantissa::detail::saved_process_count(ranked), 3);
+  io::remove_all(io::join_path(ranked, "rng_state_0.pth"));
   EXPECT_EQ(mantissa::detail::saved_process_count(ranked), 3);
 }
 

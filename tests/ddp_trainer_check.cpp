@@ -22,6 +22,75 @@ namespace {
 
 using namespace trainer_check;
 
+// The newest checkpoint-<N> in `dir`: N, or -1 when there is none.
+std::int64_t latest_checkpoint_step(const std::string& dir) {
+  std::int64_t latest = -1;
+  if (!mantissa::io::is_directory(dir)) return latest;
+  for (const auto& name : mantissa::io::list_directory(dir)) {
+    if (name.rfind("checkpoint-", 0) != 0) continue;
+    char* end = nullptr;
+    const auto step = std::strtoll(name.c_str() + 11, &end, 10);
+    if (end != nullptr && *end == '\0') latest = std::max<std::int64_t>(latest, step);
+  }
+  return latest;
+}
+
+// What torchrun does on Ctrl-C: SIGTERM to every rank, here while both save a checkpoint at
+// every step (two kept). Each checkpoint-<N> left behind is whole, and the job resumes from
+// the latest and finishes.
+bool check_sigterm(const Launch& l) {
+  const auto out = l.dir + "/out";
+  const auto flags =
+      common_flags(out) +
+      std::vector<std::string>{"--results", l.dir + "/r.st", "--per_device_train_batch_size", "32",
+                               "--save_strategy", "steps", "--save_steps", "1",
+                               "--save_total_limit", "2", "--max_steps", "1000000",
+                               "--logging_steps", "1000000"};
+  const auto port = mt::free_port();
+  const auto base = mt::environment_without_launcher_variables();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = base;
+    for (const auto& kv : mt::rank_variables(rank, 2, port)) env.push_back(kv);
+    std::vector<std::string> args = {"trainer_check", "worker"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pids.push_back(mt::start_process(l.self, args, env,
+                                     l.dir + "/term.rank" + std::to_string(rank) + ".log"));
+  }
+  bool signalled = false;
+  const auto status = mt::wait_for(pids, l.deadline_s, [&](const std::vector<int>&) {
+    if (signalled || latest_checkpoint_step(out) < 5) return;
+    for (const auto pid : pids) ::kill(pid, SIGTERM);
+    signalled = true;
+  });
+  std::cout << "SIGTERM sent: " << signalled << "; exit statuses " << status[0] << ", "
+            << status[1] << std::endl;
+  bool ok = signalled && status[0] != -1 && status[1] != -1;
+  int whole = 0;
+  for (const auto& name : mantissa::io::list_directory(out)) {
+    if (name.rfind("checkpoint-", 0) != 0) continue;
+    for (const char* file : {"model.safetensors", "optimizer.pt", "scheduler.pt",
+                             "trainer_state.json", "rng_state_0.pth", "rng_state_1.pth"}) {
+      const bool there = mantissa::io::path_exists(out + "/" + name + "/" + file);
+      if (!there) std::cout << name << "/" << file << " MISSING" << std::endl;
+      ok &= there;
+    }
+    ++whole;
+  }
+  const auto latest = latest_checkpoint_step(out);
+  std::cout << whole << " checkpoint(s) left, the latest at step " << latest << std::endl;
+  ok &= whole >= 1 && latest >= 5;
+  const auto resumed = run_ranks(
+      l, 2,
+      common_flags(out) + std::vector<std::string>{"--results", l.dir + "/resumed.st",
+                                                   "--per_device_train_batch_size", "32",
+                                                   "--resume_from_checkpoint", "latest",
+                                                   "--max_steps", std::to_string(latest + 3)},
+      l.dir + "/resumed");
+  ok &= all_zero(resumed);
+  return ok;
+}
+
 int run_check(const std::string& scenario, Launch l) {
   const char* tmp = std::getenv("TMPDIR");
   l.dir = mantissa::io::make_temp_directory(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
@@ -119,6 +188,21 @@ int run_check(const std::string& scenario, Launch l) {
                            "uninterrupted vs resumed, rank " + std::to_string(r) + " (bitwise)");
       }
     }
+    // Rank 1's random state deleted: the files left still say 2 processes saved it, so rank 1
+    // names the missing file and rank 0 stops with it.
+    mantissa::io::remove_all(checkpoint + "/rng_state_1.pth");
+    status = run_ranks(l, 2,
+                       flags + common_flags(l.dir + "/lost") +
+                           std::vector<std::string>{"--resume_from_checkpoint", checkpoint,
+                                                    "--results", l.dir + "/lost.st"},
+                       l.dir + "/lost");
+    ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/lost.rank1.log"),
+                   "rng_state_1.pth' is missing: 2 processes saved", "rank 1's error");
+    ok &= contains(read_text(l.dir + "/lost.rank0.log"), "another process could not load it",
+                   "rank 0's error");
+  } else if (scenario == "sigterm") {
+    ok = check_sigterm(l);
   } else if (scenario == "rank_killed") {
     const auto status = run_ranks(
         l, 2,

@@ -1,6 +1,8 @@
 // The pieces of the evaluation loop: the examples each process takes, what a batch adds, and the
 // model's mode after an evaluation that failed half-way.
+#include <set>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -87,8 +89,9 @@ TEST(EvaluationTest, AForwardThatThrowsLeavesTheModelInTrainMode) {
   const mantissa::MetricsFn no_metrics;
   const mantissa::PreprocessLogitsFn no_preprocess;
   const mantissa::detail::SingleProcess alone;
-  const mantissa::detail::EvaluationParts parts{args,    plan,       c10::kCPU,     *model, forward,
-                                                no_loss, no_metrics, no_preprocess, alone};
+  std::set<std::string> warned;
+  const mantissa::detail::EvaluationParts parts{
+      args, plan, c10::kCPU, *model, forward, no_loss, no_metrics, no_preprocess, alone, warned};
   const auto dataset = mantissa::make_batch_source(mantissa_test::ToyDataset(40));
   ASSERT_TRUE(model->is_training());
   EXPECT_THAT([&] { mantissa::detail::run_evaluation(parts, dataset, "eval", false, false); },

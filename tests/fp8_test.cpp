@@ -47,29 +47,9 @@ using ::testing::HasSubstr;
 
 const json& golden() { return mantissa_test::golden_file("fp8_golden.json"); }
 
-double decode(const json& v) {
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-    return s == "inf" ? std::numeric_limits<double>::infinity()
-                      : -std::numeric_limits<double>::infinity();
-  }
-  return v.get<double>();
-}
+double decode(const json& v) { return mantissa_test::golden_number(v); }
 
-c10::ScalarType dtype_named(const std::string& name) {
-  if (name == "float32") return torch::kFloat;
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float16") return torch::kHalf;
-  throw std::runtime_error("unknown dtype " + name);
-}
-
-torch::Tensor tensor_from(const json& doc) {
-  std::vector<double> data;
-  for (const auto& v : doc["values"]) data.push_back(decode(v));
-  const auto shape = doc["shape"].get<std::vector<int64_t>>();
-  return torch::tensor(data, torch::kDouble).reshape(shape).to(dtype_named(doc["dtype"]));
-}
+torch::Tensor tensor_from(const json& doc) { return mantissa_test::golden_tensor(doc); }
 
 uint32_t bits_of(float value) {
   uint32_t bits;

@@ -98,3 +98,23 @@ TEST(IntervalPolicyTest, BestSavesOnlyAfterAnImprovingEvaluation) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(IntervalPolicyTest, EvaluatesWithinTellsWhetherARunCanFindABestModel) {
+  using mantissa::detail::evaluates_within;
+  const auto steps = make_interval_policy(TrainingArguments().eval_strategy("steps"));
+  EXPECT_FALSE(evaluates_within(steps, 50, 0, 20));  // --eval_steps 50 --max_steps 20
+  EXPECT_TRUE(evaluates_within(steps, 20, 0, 20));
+  EXPECT_TRUE(evaluates_within(steps, 5, 0, 20));
+  EXPECT_FALSE(evaluates_within(steps, 10, 20, 29));  // resumed at 20: the next is 30
+  EXPECT_TRUE(evaluates_within(steps, 10, 20, 30));
+  EXPECT_FALSE(evaluates_within(steps, 0, 0, 20));
+  EXPECT_FALSE(evaluates_within(steps, 5, 20, 20));  // nothing left to train
+  const auto epoch = make_interval_policy(TrainingArguments().eval_strategy("epoch"));
+  EXPECT_TRUE(evaluates_within(epoch, 0, 0, 1));
+  const auto no = make_interval_policy(TrainingArguments().eval_strategy("no"));
+  EXPECT_FALSE(evaluates_within(no, 5, 0, 20));
+}
+
+}  // namespace

@@ -1,5 +1,7 @@
 // The Trainer with a pure bf16 model: --low_precision_update picks FusedAdamW's rule, the plan
-// says which, and a resumed run continues bit for bit under each rule.
+// says which, a resumed run continues bit for bit under each rule, and a non-finite
+// compensation in a checkpoint is refused.
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,7 +24,9 @@ using mantissa_test::make_toy_model;
 using mantissa_test::toy_args;
 using mantissa_test::ToyDataset;
 using mantissa_test::ToyMlp;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 ToyMlp bf16_toy_model() {
   auto model = make_toy_model();
@@ -111,6 +115,31 @@ TEST(LowPrecisionTrainerTest, ResumedRunContinuesBitForBitUnderEachRule) {
         .train(dir + "/checkpoint-4");
     EXPECT_TRUE(same_bits(weights_of(straight), weights_of(resumed)));
   }
+}
+
+TEST(LowPrecisionTrainerTest, ANonFiniteKahanCompensationIsRefusedOnResume) {
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto args =
+      pure_bf16_args(dir).low_precision_update("kahan").max_steps(4).save_strategy("steps").save_steps(4);
+  Trainer trainer(bf16_toy_model(), args, ToyDataset(100));
+  trainer.train();
+  // The saved optimizer state with one compensation entry made NaN, written over optimizer.pt.
+  auto& optimizer = trainer.optimizer();
+  const auto& first = optimizer.param_groups().front().params().front();
+  auto& state = static_cast<mantissa::optim::FusedAdamWParamState&>(
+      *optimizer.state().at(first.unsafeGetTensorImpl()));
+  ASSERT_TRUE(state.kahan_comp().defined());
+  state.kahan_comp().view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  archive.save_to(dir + "/checkpoint-4/optimizer.pt");
+
+  Trainer resumed(bf16_toy_model(), TrainingArguments(args).output_dir(mantissa_test::toy_output_dir()),
+                  ToyDataset(100));
+  EXPECT_THAT([&] { resumed.train(dir + "/checkpoint-4"); },
+              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr("optimizer.pt"),
+                                                   HasSubstr("the state 'kahan_comp' of parameter 0"),
+                                                   HasSubstr("1 NaN or infinite value(s)"))));
 }
 
 TEST(LowPrecisionTrainerTest, CompensatedRulesNeedFusedAdamW) {

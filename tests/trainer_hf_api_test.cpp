@@ -147,6 +147,26 @@ TEST(TrainerHfApiTest, PreprocessedLogitsAreWhatMetricsAndPredictSee) {
   EXPECT_EQ(out.metrics.count("test_matches"), 1u);
 }
 
+TEST(TrainerHfApiTest, AUserMetricNamedAsABuiltInOneWinsAndIsWarnedAboutOnce) {
+  Trainer trainer(make_classifier(), sequence_args(mantissa_test::toy_output_dir()),
+                  padded(SequenceDataset(16, 1)), padded(SequenceDataset(14, 2)));
+  trainer.set_compute_metrics([](const torch::Tensor&, const torch::Tensor&) {
+    return mantissa::LogEntry{{"accuracy", -1.0}, {"f1", 0.5}};
+  });
+  mantissa_test::WarningCapture warnings;
+  const auto first = trainer.evaluate();
+  const auto second = trainer.evaluate();
+  EXPECT_EQ(first.at("eval_accuracy"), -1.0);  // the user's value, as in HF
+  EXPECT_EQ(second.at("eval_accuracy"), -1.0);
+  EXPECT_EQ(first.at("eval_f1"), 0.5);
+  std::size_t said = 0;
+  for (const auto& message : warnings.messages) {
+    if (message.find("replaces the built-in eval_accuracy") != std::string::npos) ++said;
+    EXPECT_EQ(message.find("eval_f1"), std::string::npos) << message;
+  }
+  EXPECT_EQ(said, 1u);
+}
+
 TEST(TrainerHfApiTest, ALossWithOutputsRunsTheForwardOncePerEvaluationBatch) {
   auto model = make_classifier();
   Trainer trainer(model, sequence_args(mantissa_test::toy_output_dir()),
@@ -245,6 +265,31 @@ mantissa::MetricsFn scripted_scores(std::vector<double> scores) {
   return [scores, next](const torch::Tensor&, const torch::Tensor&) {
     return mantissa::LogEntry{{"score", scores.at((*next)++)}};
   };
+}
+
+TEST(TrainerHfApiTest, LoadBestModelAtEndWithoutAnEvaluationInTheRunSaysSoAtStartAndEnd) {
+  // --eval_steps 50 --max_steps 20: no evaluation, so no best model; both ends of the run say it.
+  auto args = mantissa_test::toy_args(mantissa_test::toy_output_dir())
+                  .max_steps(20)
+                  .eval_strategy("steps")
+                  .eval_steps(50)
+                  .save_strategy("steps")
+                  .save_steps(50)
+                  .load_best_model_at_end(true);
+  Trainer trainer(mantissa_test::make_toy_model(), args, mantissa_test::ToyDataset(100),
+                  mantissa_test::ToyDataset(30, 5));
+  mantissa_test::WarningCapture warnings;
+  trainer.train();
+  EXPECT_FALSE(trainer.state().best_model_checkpoint);
+  bool at_start = false;
+  bool at_end = false;
+  for (const auto& message : warnings.messages) {
+    at_start |= message.find("no evaluation falls within this run (eval_strategy steps, "
+                             "eval_steps 50, steps 0 to 20)") != std::string::npos;
+    at_end |= message.find("no best model was found") != std::string::npos;
+  }
+  EXPECT_TRUE(at_start);
+  EXPECT_TRUE(at_end);
 }
 
 TEST(TrainerHfApiTest, LoadBestModelAtEndLoadsTheBestCheckpointAndKeepsOnlyIt) {

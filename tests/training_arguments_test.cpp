@@ -461,6 +461,11 @@ TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
             "or leave it unset");
   EXPECT_EQ(validate_error(TrainingArguments().ddp_timeout(0)),
             "ddp_timeout must be a positive number of seconds, got 0");
+  // 9e9 s would overflow the collectives' deadline (every rank hangs): refused here.
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_timeout(9000000000)),
+            "ddp_timeout is 9000000000 s, more than the largest the collectives can wait, "
+            "2147483647 s (about 68 years); to wait as good as forever, pass that value");
+  EXPECT_EQ(validate_error(TrainingArguments().ddp_timeout(2147483647)), "<no exception>");
   EXPECT_EQ(validate_error(TrainingArguments().ddp_bucket_cap_mb(0)),
             "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, got 0");
   EXPECT_EQ(validate_error(TrainingArguments().ddp_comm_hook("powersgd")),

@@ -8,6 +8,7 @@ import argparse
 import gzip
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -78,7 +79,22 @@ class FashionMlp(nn.Module):
         return self.fc3(x)
 
 
-MODELS = {"mlp": FashionMlp, "cnn": FashionCnn}
+class FashionWideMlp(nn.Module):
+    """examples/common/fashion_models.h's FashionWideMlp: 784-4096-4096-10 (~20.0M parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(28 * 28, 4096)
+        self.fc2 = nn.Linear(4096, 4096)
+        self.fc3 = nn.Linear(4096, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x.flatten(1)))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+MODELS = {"mlp": FashionMlp, "cnn": FashionCnn, "wide_mlp": FashionWideMlp}
 
 
 def parser(description, precisions=("fp32", "bf16", "bf16_masters")):
@@ -118,18 +134,25 @@ def prepare_precision(model, args):
     return [p.detach().float() for p in model.parameters()]
 
 
-def train_steps(net, model, masters, images, targets, order, args):
+def make_adamw(params, args):
+    """The anchors' AdamW: weight decay 0, fused=True for adamw_torch_fused, else the
+    single-tensor loop."""
+    fused = args.optim == "adamw_torch_fused"
+    return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=fused or None,
+                             foreach=None if fused else False)
+
+
+def train_steps(net, model, masters, images, targets, order, args, optimizer=None):
     """The step trainer_bench times, --warmup + --steps times over `order` in batches of
     --batch_size: forward and cross-entropy under bf16 autocast (bf16, bf16_masters) or in fp32,
-    backward, master gradients, clip_grad_norm_(1.0), AdamW (weight decay 0; fused=True for
-    adamw_torch_fused, else the single-tensor loop), the masters copied back, HF's linear decay
-    as a LambdaLR, zero_grad. `net` runs the forward (the model, or its DDP wrapper). Returns the
-    StepClock and the sum of the step losses (a 0-d tensor)."""
+    backward, master gradients, clip_grad_norm_(1.0), AdamW (make_adamw, unless `optimizer` is
+    given over the same parameters), the masters copied back, HF's linear decay as a LambdaLR,
+    zero_grad. `net` runs the forward (the model, or its DDP wrapper). Returns the StepClock, the
+    sum of the step losses (a 0-d tensor) and the optimizer."""
     bf16 = args.precision != "fp32"
     params = masters if masters is not None else list(model.parameters())
-    fused = args.optim == "adamw_torch_fused"
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=fused or None,
-                                  foreach=None if fused else False)
+    if optimizer is None:
+        optimizer = make_adamw(params, args)
     total = args.warmup + args.steps
     # transformers.get_linear_schedule_with_warmup with no warmup.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / max(1, total)))
@@ -159,7 +182,7 @@ def train_steps(net, model, masters, images, targets, order, args):
         if masters is not None:
             model.zero_grad()
         clock.step_ended(step + 1)
-    return clock, loss_sum
+    return clock, loss_sum, optimizer
 
 
 def status_mib(key):
@@ -202,8 +225,9 @@ class StepClock:
 
 
 def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads, **extra):
-    """trainer_bench's JSON line, with the same keys, then the `extra` ones."""
-    print(json.dumps({
+    """trainer_bench's JSON line, with the same keys, then the `extra` ones. Written with one
+    write() so that the lines of ranks sharing a pipe do not interleave."""
+    sys.stdout.write(json.dumps({
         "bench": "trainer_anchor", "impl": impl, "model": args.model, "precision": args.precision,
         "optim": args.optim, "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
         "threads": torch.get_num_threads(), "default_threads": default_threads,
@@ -213,4 +237,5 @@ def print_result(impl, args, clock, mean_loss, setup_rss_mib, default_threads, *
         "samples_per_second": round(args.steps * args.batch_size / clock.seconds(), 1),
         "mean_loss": round(mean_loss, 5), "setup_rss_mib": round(setup_rss_mib, 1),
         "peak_rss_mib": round(status_mib("VmHWM"), 1), "torch": torch.__version__, **extra,
-    }), flush=True)
+    }) + "\n")
+    sys.stdout.flush()

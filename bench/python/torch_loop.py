@@ -19,7 +19,7 @@ def main():
     setup_rss_mib = common.status_mib("VmRSS")
     masters = common.prepare_precision(model, args)
     order = common.epoch_order(images.shape[0], args.seed)
-    clock, loss_sum = common.train_steps(model, model, masters, images, targets, order, args)
+    clock, loss_sum, _ = common.train_steps(model, model, masters, images, targets, order, args)
     total = args.warmup + args.steps
     common.print_result("python", args, clock, loss_sum.item() / total, setup_rss_mib, default_threads)
 

@@ -26,6 +26,7 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/argument_parser.h>
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
 
@@ -100,11 +101,11 @@ double last_logged(const mantissa::TrainerState& state, const std::string& key) 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Trains a character-level GPT on a text corpus with mantissa's Trainer.",
-               "char_gpt"};
+  mantissa::ArgumentParser parser(
+      "Trains a character-level GPT on a text corpus with mantissa's Trainer.", "char_gpt");
   ProgramFlags flags;
-  flags.add_to(app);
-  const auto args = mantissa::examples::parse_example_flags(app, argc, argv);
+  flags.add_to(parser.app());
+  const auto args = parser.parse(argc, argv);
   TORCH_CHECK_VALUE(flags.val_fraction > 0 && flags.val_fraction < 1,
                     "val_fraction must be in (0, 1), got ", flags.val_fraction);
   TORCH_CHECK_VALUE(flags.sample_chars >= 0, "sample_chars must be >= 0, got ", flags.sample_chars);

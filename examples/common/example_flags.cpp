@@ -10,29 +10,6 @@
 
 namespace mantissa::examples {
 
-TrainingArguments parse_example_flags(CLI::App& app, int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      std::cout << app.help() << "\n" << TrainingArguments::flags_help_text() << std::flush;
-      std::exit(0);
-    }
-  }
-  auto [args, rest] = TrainingArguments::parse_known(argc, argv);
-
-  std::vector<const char*> own_argv{argc > 0 ? argv[0] : "example"};
-  for (const auto& arg : rest) own_argv.push_back(arg.c_str());
-  app.allow_extras(true);  // reported below in argparse's words
-  try {
-    app.parse(static_cast<int>(own_argv.size()), own_argv.data());
-  } catch (const CLI::ParseError& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-  const auto unknown = app.remaining();
-  TORCH_CHECK_VALUE(unknown.empty(), "unrecognized arguments: ", c10::Join(" ", unknown));
-  return args;
-}
-
 void add_model_dtype_option(CLI::App& app, std::string& model_dtype) {
   app.add_option("--model_dtype", model_dtype,
                  "dtype of the model's parameters: fp32, or bf16/fp16 (with --bf16/--fp16; "

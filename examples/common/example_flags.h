@@ -1,6 +1,6 @@
 #pragma once
-// The command line of an example trainer: Hugging Face's TrainingArguments flags plus the
-// program's own flags, declared with CLI11.
+// The flags the example trainers share, declared with CLI11 on the app of a
+// mantissa::ArgumentParser (which reads them beside Hugging Face's TrainingArguments flags).
 
 #include <string>
 
@@ -10,15 +10,6 @@
 #include <mantissa/training_arguments.h>
 
 namespace mantissa::examples {
-
-/// Reads `argv`: the TrainingArguments flags (`--bf16`, `--learning_rate 3e-4`, ...) go to the
-/// returned arguments, the rest to the options declared on `app` (the program's own flags).
-/// `-h`/`--help` prints both lists and exits with status 0. An argument that neither knows
-/// raises `c10::ValueError` ("unrecognized arguments: --foo"), as does a bad value of either
-/// kind, naming the flag and the value.
-///
-/// Python: `HfArgumentParser((ProgramArguments, TrainingArguments)).parse_args_into_dataclasses()`.
-TrainingArguments parse_example_flags(CLI::App& app, int argc, char** argv);
 
 /// Adds `--model_dtype fp32|bf16|fp16` to `app`, stored in `model_dtype` ("fp32" unless given):
 /// the dtype the model's parameters are cast to before training. Python: the `dtype` of HF's

@@ -1,6 +1,6 @@
 #pragma once
 // The models trained on Fashion-MNIST by the examples and the benchmarks, defined once.
-// bench/python/models.py defines the same two models in PyTorch for the Python anchors. Their
+// bench/python/common.py defines the same models in PyTorch for the Python anchors. Their
 // linear layers are `Float8Linear`s: `torch::nn::Linear` (same initialization, names and
 // forward) until `--fp8` switches the inner ones to FP8 (docs/fp8.md).
 
@@ -56,5 +56,27 @@ struct FashionMlpImpl : torch::nn::Module {
   }
 };
 TORCH_MODULE(FashionMlp);
+
+/// A wide MLP, 784-4096-4096-10 (~20.0M parameters): large enough that the weights, gradients
+/// and optimizer state dominate a process's memory, which is what the memory benchmarks of
+/// sharded optimizer state (bench/sharded_memory) need.
+struct FashionWideMlpImpl : torch::nn::Module {
+  fp8::Float8Linear fc1{28 * 28, 4096};
+  fp8::Float8Linear fc2{4096, 4096};
+  fp8::Float8Linear fc3{4096, 10};
+
+  FashionWideMlpImpl() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("fc3", fc3);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x.flatten(1)));
+    x = torch::relu(fc2(x));
+    return fc3(x);
+  }
+};
+TORCH_MODULE(FashionWideMlp);
 
 }  // namespace mantissa::examples

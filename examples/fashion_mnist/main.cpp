@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/argument_parser.h>
 #include <mantissa/distributed.h>
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
@@ -39,8 +40,9 @@ int64_t parameter_count(const torch::nn::Module& module) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Trains a small CNN or MLP on Fashion-MNIST with mantissa's Trainer.",
-               "fashion_mnist"};
+  mantissa::ArgumentParser parser(
+      "Trains a small CNN or MLP on Fashion-MNIST with mantissa's Trainer.", "fashion_mnist");
+  auto& app = parser.app();
   std::string data_dir = mantissa::examples::kFashionMnistDir;
   app.add_option("--data_dir", data_dir, "Folder holding the four Fashion-MNIST *-ubyte.gz files")
       ->capture_default_str();
@@ -48,7 +50,7 @@ int main(int argc, char** argv) try {
   mantissa::examples::add_fashion_model_option(app, model_name);
   std::string model_dtype = "fp32";
   mantissa::examples::add_model_dtype_option(app, model_dtype);
-  const auto args = mantissa::examples::parse_example_flags(app, argc, argv);
+  const auto args = parser.parse(argc, argv);
   const bool main_process =
       mantissa::distributed::DistributedEnvironment::from_env().is_main_process();
 

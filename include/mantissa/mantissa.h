@@ -25,6 +25,7 @@
 #include <mantissa/lr_scheduler_kwargs.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
+#include <mantissa/nn/multihead_attention.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
 #include <mantissa/precision_plan.h>

@@ -17,6 +17,10 @@ namespace mantissa::io {
 /// exist). Python: `os.path.exists(path)`. Never throws.
 bool path_exists(const std::string& path);
 
+/// Whether a directory entry named `path` exists, without following a symbolic link there: a
+/// dangling link or a link loop exists. Python: `os.path.lexists(path)`. Never throws.
+bool entry_exists(const std::string& path);
+
 /// Whether `path` is a directory (symbolic links are followed). Python: `os.path.isdir(path)`.
 /// Never throws.
 bool is_directory(const std::string& path);

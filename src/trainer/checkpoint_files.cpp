@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include <ATen/Context.h>
 #include <torch/cuda.h>
@@ -39,6 +41,8 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
 template <typename Fn>
 void loading(const std::string& path, Fn&& load) {
   const auto shown = shorten_path(path);
+  TORCH_CHECK(io::path_exists(path) || !io::entry_exists(path), "checkpoint file '", shown,
+              "' is a symbolic link that leads to no file (dangling, or a loop of links)");
   TORCH_CHECK(io::path_exists(path), "checkpoint file '", shown, "' is missing");
   try {
     io::check_regular_file(path);
@@ -53,9 +57,14 @@ void loading(const std::string& path, Fn&& load) {
   }
 }
 
-c10::IValue rng_states() {
+// The key of rng_state*.pth that records how many processes saved the checkpoint (HF's
+// files have no such key; it reads the keys it knows and ignores the others).
+constexpr const char* kWorldSizeKey = "world_size";
+
+c10::IValue rng_states(std::int64_t num_processes) {
   c10::impl::GenericDict states(c10::StringType::get(), c10::AnyType::get());
   states.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  states.insert(kWorldSizeKey, num_processes);
   c10::impl::GenericList cuda(c10::AnyType::get());
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(torch::cuda::device_count()); ++i) {
     cuda.push_back(at::globalContext()
@@ -172,21 +181,49 @@ void write_checkpoint_files(const std::string& folder, const CheckpointParts& pa
 void write_rng_state(const std::string& folder, std::int64_t process_index,
                      std::int64_t num_processes, const FileFaults& faults) {
   const auto path = io::join_path(folder, rng_state_name(process_index, num_processes));
-  const auto bytes = io::torch_save_bytes(rng_states());
+  const auto bytes = io::torch_save_bytes(rng_states(num_processes));
   faults.writing(path);
   io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
 }
 
+namespace {
+
+bool is_rng_state_name(const std::string& name) {
+  return name == "rng_state.pth" || (name.rfind("rng_state_", 0) == 0 && name.size() > 14 &&
+                                     name.compare(name.size() - 4, 4, ".pth") == 0);
+}
+
+// The world size an rng_state file records, or nullopt for a file without it (HF's, or one
+// saved before mantissa recorded it).
+std::optional<std::int64_t> recorded_world_size(const std::string& path) {
+  std::optional<std::int64_t> recorded;
+  loading(path, [&] {
+    const auto value = io::load_torch_file(path);
+    if (!value.isGenericDict()) return;  // restore_rng_states names this error
+    const auto states = value.toGenericDict();
+    if (!states.contains(kWorldSizeKey)) return;
+    const auto size = states.at(kWorldSizeKey);
+    TORCH_CHECK_VALUE(size.isInt() && size.toInt() >= 1 && size.toInt() <= (1 << 24),
+                      "its '", kWorldSizeKey, "' is ", size, ", not a number of processes");
+    recorded = size.toInt();
+  });
+  return recorded;
+}
+
+}  // namespace
+
 std::int64_t saved_process_count(const std::string& dir) {
-  std::int64_t ranked = 0;
-  bool single = false;
+  std::vector<std::string> names;
   for (const auto& name : io::list_directory(dir)) {
-    if (name == "rng_state.pth") single = true;
-    if (name.rfind("rng_state_", 0) == 0 && name.size() > 14 &&
-        name.compare(name.size() - 4, 4, ".pth") == 0) {
-      ++ranked;
-    }
+    if (is_rng_state_name(name)) names.push_back(name);
   }
+  std::sort(names.begin(), names.end());
+  for (const auto& name : names) {
+    if (const auto recorded = recorded_world_size(io::join_path(dir, name))) return *recorded;
+  }
+  // Files that do not say: count them, as HF's layout implies.
+  const bool single = std::find(names.begin(), names.end(), "rng_state.pth") != names.end();
+  const auto ranked = static_cast<std::int64_t>(names.size()) - (single ? 1 : 0);
   return ranked > 0 ? ranked : (single ? 1 : 0);
 }
 
@@ -220,6 +257,12 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   const auto rng_name = rng_state_name(parts.process_index, parts.num_processes);
   const auto rng_file = io::join_path(dir, rng_name);
   const auto saved_processes = saved_process_count(dir);
+  // A process of the saving run that is also one of this run's must find its file.
+  const bool was_saved_here = parts.num_processes > 1 && parts.process_index < saved_processes;
+  TORCH_CHECK(io::entry_exists(rng_file) || !was_saved_here,
+              "checkpoint file '", shorten_path(rng_file), "' is missing: ", saved_processes,
+              " processes saved '", shorten_path(dir), "', process ", parts.process_index,
+              " among them");
   if (!io::path_exists(rng_file) && saved_processes > 0 && saved_processes != parts.num_processes) {
     // A run of another size saved it. HF goes on without the file too: the run continues,
     // but not bit for bit. (Missing from a checkpoint of this run's size, it is an error.)
@@ -248,7 +291,7 @@ void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,
 
 std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {
   const auto path = io::join_path(dir, "training_args.json");
-  if (!io::path_exists(path)) return std::nullopt;
+  if (!io::entry_exists(path)) return std::nullopt;  // a checkpoint of HF's without it
   std::optional<TrainingArguments> args;
   loading(path, [&] { args = TrainingArguments::load_json(path, /*validate=*/false); });
   return args;

@@ -63,14 +63,16 @@ struct CheckpointParts {
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
                             const FileFaults& faults = {});
 
-/// Writes this process's random state (CPU and CUDA generators) into `folder`:
-/// `rng_state.pth` for a lone process, else `rng_state_<process_index>.pth`. Python: HF's
-/// `Trainer._save_rng_state`. Syncs.
+/// Writes this process's random state (CPU and CUDA generators) and `num_processes` (key
+/// `world_size`) into `folder`: `rng_state.pth` for a lone process, else
+/// `rng_state_<process_index>.pth`. Python: HF's `Trainer._save_rng_state`. Syncs.
 void write_rng_state(const std::string& folder, std::int64_t process_index,
                      std::int64_t num_processes, const FileFaults& faults = {});
 
-/// How many processes wrote the checkpoint in `dir`: the number of `rng_state_<n>.pth` files,
-/// 1 for a single `rng_state.pth`, 0 when it has neither (HF checkpoints without them).
+/// How many processes wrote the checkpoint in `dir`: the `world_size` its rng_state files
+/// record (so a deleted file does not change the answer); for files that do not record it (HF's),
+/// the number of `rng_state_<n>.pth` files, 1 for a single `rng_state.pth`, 0 when it has
+/// neither. An unreadable rng_state file raises an error naming it.
 std::int64_t saved_process_count(const std::string& dir);
 
 /// Restores everything from a checkpoint folder; a null `parts.optimizer` leaves optimizer.pt

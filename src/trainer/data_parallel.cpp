@@ -164,7 +164,10 @@ void DataParallel::save_checkpoint(const std::string& output_dir, const Checkpoi
 }
 
 void DataParallel::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
-  detail::load_checkpoint(dir, parts);
+  // Every process learns whether all loaded, so none trains on while another has stopped.
+  const bool loaded = passed_everywhere([&] { detail::load_checkpoint(dir, parts); });
+  TORCH_CHECK_VALUE(loaded, "rank ", rank(), ": cannot resume from '", dir,
+                    "': another process could not load it (see its error)");
 }
 
 }  // namespace mantissa::detail

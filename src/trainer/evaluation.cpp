@@ -46,7 +46,15 @@ EvaluationResult finish_evaluation(const EvaluationParts& parts, const Evaluatio
   if (parts.compute_metrics) {
     const auto user_metrics = parts.compute_metrics(result.predictions, result.label_ids);
     for (const auto& [key, value] : user_metrics) {
-      metrics[key.rfind(prefix + "_", 0) == 0 ? key : prefix + "_" + key] = value;
+      const auto name = key.rfind(prefix + "_", 0) == 0 ? key : prefix + "_" + key;
+      // As in HF, the user's value wins; saying so once keeps a silent replacement visible.
+      if (metrics.count(name) != 0 && parts.warned_replacements.insert(name).second &&
+          parts.strategy.is_main_process()) {
+        TORCH_WARN("compute_metrics returned '", key, "', which replaces the built-in ", name,
+                   " with its own value (as in HF's Trainer); return another name to keep both. "
+                   "(Said once.)");
+      }
+      metrics[name] = value;
     }
   }
   const double runtime =

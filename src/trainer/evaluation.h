@@ -3,6 +3,7 @@
 // the user's metrics.
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -32,6 +33,9 @@ struct EvaluationParts {
   const PreprocessLogitsFn& preprocess_logits;
   /// Each process evaluates its share, and the results are gathered.
   const Strategy& strategy;
+  /// The built-in metrics a user metric has replaced and that were warned about (once each
+  /// per Trainer).
+  std::set<std::string>& warned_replacements;
 };
 
 /// What `run_evaluation` returns: the metrics, and the predictions and labels when asked for.

@@ -38,6 +38,14 @@ IntervalDecision decide_intervals(const IntervalPolicy& policy, const TrainerSta
   return decision;
 }
 
+bool evaluates_within(const IntervalPolicy& policy, std::int64_t eval_steps,
+                      std::int64_t start_step, std::int64_t max_steps) {
+  if (max_steps <= start_step) return false;
+  if (policy.evaluation == IntervalStrategy::kEpoch) return true;
+  if (policy.evaluation != IntervalStrategy::kSteps || eval_steps <= 0) return false;
+  return max_steps / eval_steps > start_step / eval_steps;
+}
+
 bool save_after_evaluation(const IntervalPolicy& policy, bool improved) {
   return policy.saving == SaveStrategy::kBest && improved;
 }

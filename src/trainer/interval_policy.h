@@ -43,6 +43,13 @@ struct IntervalDecision {
 IntervalDecision decide_intervals(const IntervalPolicy& policy, const TrainerState& state,
                                   bool epoch_end);
 
+/// Whether the evaluation strategy is due at least once after step `start_step` and up to
+/// `max_steps` (what `--load_best_model_at_end` needs to have a best model to load): "steps"
+/// when a multiple of `eval_steps` lies in (start_step, max_steps], "epoch" when any step is
+/// left to train, "no" never.
+bool evaluates_within(const IntervalPolicy& policy, std::int64_t eval_steps,
+                      std::int64_t start_step, std::int64_t max_steps);
+
 /// Whether an evaluation that improved the best metric (`improved`) asks for a checkpoint:
 /// `save_strategy` best. Python: `Trainer._determine_best_metric` -> `control.should_save`.
 bool save_after_evaluation(const IntervalPolicy& policy, bool improved);

@@ -89,6 +89,12 @@ void MetricsLog::drop_after(std::int64_t global_step) {
   report_failure(failure);
 }
 
+void MetricsLog::start_fresh() {
+  if (wrote_ || !io::path_exists(path_)) return;
+  // unlink(2), not a recursive removal: a folder of that name is reported, never emptied.
+  report_failure(::unlink(path_.c_str()) == 0 ? std::string() : std::strerror(errno));
+}
+
 void MetricsLog::report_failure(const std::string& failure) {
   if (failure.empty() || failure_reported_) return;
   failure_reported_ = true;

@@ -28,6 +28,12 @@ class MetricsLog {
   /// `append`).
   void drop_after(std::int64_t global_step);
 
+  /// A fresh run's start: removes the trainer_log.jsonl an earlier run left in the folder (one
+  /// trained over with overwrite_output_dir), unless this log wrote to it already (an
+  /// evaluate() before train()), so that the file holds one run. Never throws for an I/O
+  /// failure (warned once, as `append`).
+  void start_fresh();
+
   /// Whether anything was written (the Trainer then owns the output folder's content).
   bool wrote() const { return wrote_; }
 

@@ -27,6 +27,15 @@ StateTensors adam_moments(const torch::optim::OptimizerParamState& base) {
           {"max_exp_avg_sq", state->max_exp_avg_sq()}};
 }
 
+// FusedAdamW's moments and its Kahan compensation (bf16/fp16 parameters under kahan).
+StateTensors fused_adamw_tensors(const torch::optim::OptimizerParamState& base) {
+  auto tensors = adam_moments<optim::FusedAdamWParamState>(base);
+  if (const auto* state = dynamic_cast<const optim::FusedAdamWParamState*>(&base)) {
+    tensors.emplace_back("kahan_comp", state->kahan_comp());
+  }
+  return tensors;
+}
+
 StateTensors sgd_tensors(const torch::optim::OptimizerParamState& base) {
   const auto* state = dynamic_cast<const torch::optim::SGDParamState*>(&base);
   if (state == nullptr) return {};
@@ -55,7 +64,7 @@ struct Entry {
 const std::array<Entry, 6>& table() {
   static const std::array<Entry, 6> entries{{
       {typeid(optim::FusedAdamW),
-       {"mantissa::optim::FusedAdamW", &adam_moments<optim::FusedAdamWParamState>}},
+       {"mantissa::optim::FusedAdamW", &fused_adamw_tensors}},
       {typeid(torch::optim::AdamW),
        {"torch::optim::AdamW", &adam_moments<torch::optim::AdamWParamState>}},
       {typeid(torch::optim::Adam),
@@ -67,7 +76,8 @@ const std::array<Entry, 6>& table() {
   return entries;
 }
 
-// Each optimizer state tensor must have its parameter's shape and a floating dtype.
+// Each optimizer state tensor must have its parameter's shape, a floating dtype and finite
+// values: a NaN or inf in a moment or a compensation would make every later step non-finite.
 void check_state_tensor(const at::Tensor& param, const at::Tensor& value, std::size_t index,
                         const char* name) {
   if (!value.defined()) return;
@@ -76,6 +86,10 @@ void check_state_tensor(const at::Tensor& param, const at::Tensor& value, std::s
   TORCH_CHECK_VALUE(c10::isFloatingType(value.scalar_type()), "the state '", name,
                     "' of parameter ", index, " is ", value.scalar_type(),
                     ", not a floating-point tensor");
+  const auto bad = value.numel() - value.isfinite().sum().item<std::int64_t>();
+  TORCH_CHECK_VALUE(bad == 0, "the state '", name, "' of parameter ", index, " holds ", bad,
+                    " NaN or infinite value(s) of its ", value.numel(),
+                    "; a run resumed from it would only produce non-finite steps");
 }
 
 }  // namespace

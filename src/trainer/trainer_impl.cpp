@@ -288,7 +288,8 @@ detail::EvaluationParts Trainer::Impl::evaluation_parts() {
           hooks_.compute_loss,
           hooks_.compute_metrics,
           hooks_.preprocess_logits,
-          *strategy_};
+          *strategy_,
+          warned_metric_replacements_};
 }
 
 LogEntry Trainer::Impl::evaluate(const BatchSource* dataset, const std::string& prefix,
@@ -381,6 +382,11 @@ void Trainer::Impl::add_optimizer_values(LogEntry& logs) const {
 
 void Trainer::Impl::finish_training() {
   if (args_.load_best_model_at_end() && state_.best_model_checkpoint) load_best_model();
+  if (args_.load_best_model_at_end() && !state_.best_model_checkpoint &&
+      strategy_->is_main_process()) {
+    TORCH_WARN("load_best_model_at_end: no best model was found (no evaluation of this run "
+               "saved a checkpoint), so the model keeps the weights of its last step");
+  }
   if (state_.best_model_checkpoint && args_.save_total_limit() == 1 && strategy_->should_save()) {
     // HF: with a limit of one, the run ends with the best checkpoint alone.
     detail::rotate_checkpoints(args_.output_dir(), 1, state_.best_model_checkpoint,

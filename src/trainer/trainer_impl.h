@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <mantissa/amp/grad_scaler.h>
@@ -171,6 +172,8 @@ class Trainer::Impl {
   detail::CallbackHandler callbacks_{args_, state_, control_, callback_context_};
   /// An evaluation improved `best_metric` since the last checkpoint: the next one is the best.
   bool best_unsaved_ = false;
+  /// Built-in metrics that a compute_metrics value replaced and that were warned about.
+  std::set<std::string> warned_metric_replacements_;
 
   TrainingObjects objects_;  ///< created by prepare()
 

@@ -11,6 +11,7 @@
 #include "scoped_value.h"
 #include "trainer/eager_engine.h"
 #include "trainer/graph_engine.h"
+#include "trainer/interval_policy.h"
 #include "trainer/trainer_impl.h"
 #include "trainer/training_loop.h"
 
@@ -25,9 +26,19 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
 
   torch::manual_seed(static_cast<std::uint64_t>(args_.seed()));
   start_state();
+  if (!resume && strategy_->should_save()) metrics_log_.start_fresh();
   if (const auto dir = checkpoint_to_resume(resume)) load_for_resume(*dir);
   strategy_->copy_scaler_from_rank0(objects_.scaler);
   const auto max_steps = objects_.schedule.max_steps;
+  if (args_.load_best_model_at_end() && strategy_->is_main_process() &&
+      !detail::evaluates_within(detail::make_interval_policy(args_), state_.eval_steps,
+                                state_.global_step, max_steps)) {
+    TORCH_WARN("load_best_model_at_end is set, but no evaluation falls within this run (eval_strategy ",
+               args_.eval_strategy().name(), ", eval_steps ", state_.eval_steps, ", steps ",
+               state_.global_step, " to ", max_steps,
+               "): there will be no best model to load at the end. Evaluate more often "
+               "(--eval_steps) or train longer.");
+  }
   detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()),
                             /*prints=*/strategy_->should_log());
   const detail::ScopedValue<detail::Progress*> use_progress(progress_, &progress);

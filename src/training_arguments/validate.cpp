@@ -19,6 +19,8 @@
 namespace mantissa {
 namespace {
 
+constexpr std::int64_t kMaxDdpTimeoutSeconds = 2147483647;  // 2^31 - 1
+
 template <class T>
 void check_finite(const char* field, const T& v) {
   if constexpr (std::is_same_v<T, double>) {
@@ -357,10 +359,14 @@ void check_distributed(const TrainingArguments& args) {
   TORCH_CHECK_VALUE(args.ddp_comm_hook().is_valid(),
                     "ddp_comm_hook: ", detail::repr(args.ddp_comm_hook()), " is not one of ",
                     Choice<DdpCommHook>::names_text());
-  // In milliseconds the timeout must still fit in int64 (std::chrono::milliseconds).
-  TORCH_CHECK_VALUE(
-      args.ddp_timeout() > 0 && args.ddp_timeout() <= std::numeric_limits<int64_t>::max() / 1000,
-      "ddp_timeout must be a positive number of seconds, got ", args.ddp_timeout());
+  // c10d adds the timeout to the wall clock in int64 nanoseconds: past ~7e9 s from 2026 the
+  // deadline overflows and every process waits forever. 2^31 - 1 s (68 years) is far from that.
+  TORCH_CHECK_VALUE(args.ddp_timeout() > 0, "ddp_timeout must be a positive number of seconds, got ",
+                    args.ddp_timeout());
+  TORCH_CHECK_VALUE(args.ddp_timeout() <= kMaxDdpTimeoutSeconds, "ddp_timeout is ",
+                    args.ddp_timeout(), " s, more than the largest the collectives can wait, ",
+                    kMaxDdpTimeoutSeconds,
+                    " s (about 68 years); to wait as good as forever, pass that value");
   const auto& bucket_cap = args.ddp_bucket_cap_mb();
   TORCH_CHECK_VALUE(!bucket_cap || (*bucket_cap > 0 && *bucket_cap <= (int64_t{1} << 43)),
                     "ddp_bucket_cap_mb must be a positive number of MiB (at most 2^43) or None, "

@@ -1,7 +1,8 @@
 // A user's program built against the installed package: (1) one overflowing step through
 // GradScaler must halve the scale and leave the weights alone; (2) the Trainer trains a model
 // with two inputs (token ids and an attention mask, padded by a collator) whose forward
-// returns its own loss, keeps the best checkpoint and loads it at the end, and predicts.
+// returns its own loss, with padding-masked attention (mantissa::nn::MultiheadAttention) under
+// --bf16, keeps the best checkpoint and loads it at the end, and predicts.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -69,13 +70,20 @@ mantissa::Batch pad(const std::vector<Sentence>& sentences) {
   return {{"input_ids", ids}, {"attention_mask", mask}, {"labels", labels}};
 }
 
+// Embedding, one padding-masked attention block (residual), masked mean pool, linear head.
 struct ClassifierImpl : torch::nn::Module {
   torch::nn::Embedding embed{register_module("embed", torch::nn::Embedding(6, 16))};
+  mantissa::nn::MultiheadAttention attention{register_module(
+      "attention", mantissa::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(16, 2),
+                                                    /*batch_first=*/true))};
   torch::nn::Linear head{register_module("head", torch::nn::Linear(16, 2))};
 
   mantissa::ModelOutput forward(const mantissa::Batch& batch) {
-    const auto mask = batch["attention_mask"].unsqueeze(-1).to(embed->weight.dtype());
-    const auto logits = head((embed(batch["input_ids"]) * mask).sum(1) / mask.sum(1));
+    const auto& attention_mask = batch["attention_mask"];
+    const auto x = embed(batch["input_ids"]);
+    const auto h = x + std::get<0>(attention(x, x, x, attention_mask == 0, false));
+    const auto mask = attention_mask.unsqueeze(-1).to(h.dtype());
+    const auto logits = head((h * mask).sum(1) / mask.sum(1));
     if (!batch.contains("labels")) return logits;
     return {torch::nn::functional::cross_entropy(logits, batch["labels"]), logits};
   }
