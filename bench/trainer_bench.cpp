@@ -9,8 +9,10 @@
 //
 // Under a launcher (torchrun --no-python, WORLD_SIZE > 1) the Trainer trains data parallel by
 // itself, each rank on its shard of the epoch; bench/ddp_scaling runs it that way beside
-// bench/python/torch_ddp.py. Only rank 0 prints the JSON line, with the world size; its speeds
-// are those of rank 0 (samples_per_second counts this rank's samples). --ddp_bucket_cap_mb sets
+// bench/python/torch_ddp.py. Only rank 0 prints the JSON line (every rank with --every_rank, as
+// bench/sharded_memory asks), with the world size; its speeds are those of rank 0
+// (samples_per_second counts this rank's samples). The JSON line also counts the optimizer state
+// the process holds (optimizer_state_bytes), so --fsdp shard_grad_op shows its shard. --ddp_bucket_cap_mb sets
 // the Trainer's gradient bucket size; unused parameters are not searched for, as in PyTorch's
 // DDP by default. The hand-written loop has no gradient sync, so it only runs alone.
 //

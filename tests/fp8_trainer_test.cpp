@@ -213,6 +213,29 @@ TEST(Fp8TrainerTest, AccumulationUpdatesTheHistoryOncePerOptimizerStep) {
   EXPECT_EQ(filled_history_rows(*state), 4) << state->amax_history();
 }
 
+TEST(Fp8TrainerTest, AUserFilterPicksTheFp8Layers) {
+  Trainer trainer(make_fp8_model(), fp8_args(mantissa_test::toy_output_dir()), ToyDataset(100));
+  std::vector<std::string> seen;
+  trainer.set_float8_filter([&](const mantissa::fp8::LinearLayerInfo& layer) {
+    seen.push_back(layer.name + "/" + std::to_string(layer.index) + "/" +
+                   std::to_string(layer.count) + "/" + std::to_string(layer.in_features));
+    return layer.name != "fc3";  // the first layer too, which the default keeps out
+  });
+  trainer.optimizer();  // converts the model
+  EXPECT_EQ(seen, (std::vector<std::string>{"fc1/0/3/8", "fc2/1/3/32", "fc3/2/3/32"}));
+  EXPECT_THAT(trainer.precision_plan().describe(),
+              HasSubstr("2 of 3 linear layers (fc1, fc2); high precision: fc3"));
+  EXPECT_THAT([&] { trainer.set_float8_filter(mantissa::fp8::default_float8_filter); },
+              ::testing::ThrowsMessage<c10::ValueError>(
+                  HasSubstr("set_float8_filter must be called before the model is converted")));
+
+  Trainer none(make_fp8_model(), fp8_args(mantissa_test::toy_output_dir()), ToyDataset(100));
+  none.set_float8_filter([](const mantissa::fp8::LinearLayerInfo&) { return false; });
+  EXPECT_THAT([&] { none.train(); },
+              ::testing::ThrowsMessage<c10::ValueError>(
+                  HasSubstr("layers that the filter of set_float8_filter accepts")));
+}
+
 TEST(Fp8TrainerTest, AModelWithoutFloat8LinearLayersIsRefused) {
   Trainer trainer(mantissa_test::make_toy_model(),
                   toy_args(mantissa_test::toy_output_dir()).bf16(true).fp8(true), ToyDataset(100));

@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <mantissa/batch.h>
+#include <mantissa/fp8/convert.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
 #include <mantissa/precision_plan.h>
@@ -143,6 +144,11 @@ class Trainer {
   Trainer& set_preprocess_logits_for_metrics(PreprocessLogitsFn fn);
   /// Replaces the optimizer chosen by `args.optim`.
   Trainer& set_optimizer_factory(OptimizerFactory factory);
+  /// With `--fp8`, picks which of the model's `Float8Linear` layers run in FP8, instead of
+  /// `fp8::default_float8_filter` (dimensions multiples of 16, not the first or last linear
+  /// layer). Call it before the first `train()` or `evaluate()`, which convert the model.
+  /// Python: torchao's `convert_to_float8_training(model, module_filter_fn=fn)`.
+  Trainer& set_float8_filter(fp8::Float8Filter filter);
   /// Replaces the schedule chosen by `args.lr_scheduler_type` (e.g. an `LrScheduler` built
   /// from a lambda). It is stepped only after optimizer steps that ran, as HF does.
   Trainer& set_lr_scheduler_factory(SchedulerFactory factory);

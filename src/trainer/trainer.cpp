@@ -57,6 +57,14 @@ Trainer& Trainer::set_optimizer_factory(OptimizerFactory factory) {
   impl_->hooks().optimizer_factory = std::move(factory);
   return *this;
 }
+Trainer& Trainer::set_float8_filter(fp8::Float8Filter filter) {
+  TORCH_CHECK_VALUE(!impl_->prepared(),
+                    "set_float8_filter must be called before the model is converted (before "
+                    "the first train() or evaluate())");
+  TORCH_CHECK_VALUE(static_cast<bool>(filter), "set_float8_filter: the filter is empty");
+  impl_->hooks().float8_filter = std::move(filter);
+  return *this;
+}
 Trainer& Trainer::set_lr_scheduler_factory(SchedulerFactory factory) {
   TORCH_CHECK_VALUE(!impl_->prepared(),
                     "set_lr_scheduler_factory must be called before training starts");

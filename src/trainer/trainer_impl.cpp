@@ -121,13 +121,16 @@ void Trainer::Impl::prepare() {
 }
 
 void Trainer::Impl::convert_to_fp8() {
-  auto conversion = fp8::convert_to_float8_training(*module_, *plan_.fp8);
+  const bool own_filter = static_cast<bool>(hooks_.float8_filter);
+  auto conversion = fp8::convert_to_float8_training(
+      *module_, *plan_.fp8, own_filter ? hooks_.float8_filter : fp8::default_float8_filter);
   TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
                     "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
-                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers, "
-                    "other than its first and last linear layer, whose dimensions are multiples "
-                    "of 16; declare such layers as Float8Linear (docs/fp8.md), or train "
-                    "without --fp8");
+                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers ",
+                    own_filter ? "that the filter of set_float8_filter accepts"
+                               : "other than its first and last linear layer, whose dimensions "
+                                 "are multiples of 16",
+                    "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
   plan_.fp8_layers = conversion.describe();
   objects_.fp8 = std::move(conversion);
 }

@@ -33,6 +33,7 @@ struct UserHooks {
   MetricsFn compute_metrics;             ///< set_compute_metrics
   PreprocessLogitsFn preprocess_logits;  ///< set_preprocess_logits_for_metrics
   OptimizerFactory optimizer_factory;    ///< set_optimizer_factory; empty: args.optim
+  fp8::Float8Filter float8_filter;       ///< set_float8_filter; empty: the default filter
   SchedulerFactory scheduler_factory;    ///< set_lr_scheduler_factory; empty: args'
 };
 
