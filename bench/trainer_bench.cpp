@@ -314,9 +314,20 @@ Measurement run_hand(const Config& c, Model model, const FashionMnist& data) {
 }
 
 template <typename Model>
+Model make_model(const Config& /*c*/) {
+  return Model();
+}
+
+template <>
+mantissa::examples::FashionMlp make_model(const Config& c) {
+  return c.model == "wide_mlp" ? mantissa::examples::FashionWideMlp()
+                               : mantissa::examples::FashionMlp();
+}
+
+template <typename Model>
 Measurement run(const Config& c, FashionMnist data, double& setup_rss_mib) {
   torch::manual_seed(static_cast<std::uint64_t>(c.seed));
-  Model model;
+  auto model = make_model<Model>(c);
   setup_rss_mib = status_mib("VmRSS");
   return c.impl == "trainer" ? run_trainer(c, model, std::move(data)) : run_hand(c, model, data);
 }
@@ -376,10 +387,9 @@ int main(int argc, char** argv) try {
 
   if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
-  const auto m =
-      c.model == "mlp"   ? run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib)
-      : c.model == "cnn" ? run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib)
-                         : run<mantissa::examples::FashionWideMlp>(c, std::move(data), setup_rss_mib);
+  const auto m = c.model == "cnn"
+                     ? run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib)
+                     : run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib);
   if (!env.is_main_process() && !c.every_rank) return 0;
   std::string ops_json;
   if (c.count_ops) {

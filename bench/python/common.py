@@ -65,13 +65,14 @@ class FashionCnn(nn.Module):
 
 
 class FashionMlp(nn.Module):
-    """examples/common/fashion_models.h's FashionMlp: 784-256-256-10."""
+    """examples/common/fashion_models.h's FashionMlp: 784-hidden-hidden-10 (hidden 256 by default;
+    FashionWideMlp is hidden 4096, ~20.0M parameters)."""
 
-    def __init__(self):
+    def __init__(self, hidden=256):
         super().__init__()
-        self.fc1 = nn.Linear(28 * 28, 256)
-        self.fc2 = nn.Linear(256, 256)
-        self.fc3 = nn.Linear(256, 10)
+        self.fc1 = nn.Linear(28 * 28, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, 10)
 
     def forward(self, x):
         x = torch.relu(self.fc1(x.flatten(1)))
@@ -79,19 +80,8 @@ class FashionMlp(nn.Module):
         return self.fc3(x)
 
 
-class FashionWideMlp(nn.Module):
-    """examples/common/fashion_models.h's FashionWideMlp: 784-4096-4096-10 (~20.0M parameters)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(28 * 28, 4096)
-        self.fc2 = nn.Linear(4096, 4096)
-        self.fc3 = nn.Linear(4096, 10)
-
-    def forward(self, x):
-        x = torch.relu(self.fc1(x.flatten(1)))
-        x = torch.relu(self.fc2(x))
-        return self.fc3(x)
+def FashionWideMlp():
+    return FashionMlp(hidden=4096)
 
 
 MODELS = {"mlp": FashionMlp, "cnn": FashionCnn, "wide_mlp": FashionWideMlp}

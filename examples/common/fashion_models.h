@@ -36,14 +36,14 @@ struct FashionCnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(FashionCnn);
 
-/// A small MLP on the flattened image, 784-256-256-10 (~0.27M parameters): so little
-/// arithmetic per step that the time goes to dispatching ops, which is what it is for.
+/// An MLP on the flattened image, 784-hidden-hidden-10. The default, 784-256-256-10 (~0.27M
+/// parameters), does so little arithmetic per step that the time goes to dispatching ops,
+/// which is what it is for; `FashionWideMlp()` (hidden 4096, ~20.0M parameters) is large enough
+/// that weights, gradients and optimizer state dominate a process's memory, which is what the
+/// benchmarks of sharded optimizer state (bench/sharded_memory) need.
 struct FashionMlpImpl : torch::nn::Module {
-  fp8::Float8Linear fc1{28 * 28, 256};
-  fp8::Float8Linear fc2{256, 256};
-  fp8::Float8Linear fc3{256, 10};
-
-  FashionMlpImpl() {
+  explicit FashionMlpImpl(int64_t hidden = 256)
+      : fc1(28 * 28, hidden), fc2(hidden, hidden), fc3(hidden, 10) {
     register_module("fc1", fc1);
     register_module("fc2", fc2);
     register_module("fc3", fc3);
@@ -54,29 +54,14 @@ struct FashionMlpImpl : torch::nn::Module {
     x = torch::relu(fc2(x));
     return fc3(x);
   }
+
+  fp8::Float8Linear fc1;
+  fp8::Float8Linear fc2;
+  fp8::Float8Linear fc3;
 };
 TORCH_MODULE(FashionMlp);
 
-/// A wide MLP, 784-4096-4096-10 (~20.0M parameters): large enough that the weights, gradients
-/// and optimizer state dominate a process's memory, which is what the memory benchmarks of
-/// sharded optimizer state (bench/sharded_memory) need.
-struct FashionWideMlpImpl : torch::nn::Module {
-  fp8::Float8Linear fc1{28 * 28, 4096};
-  fp8::Float8Linear fc2{4096, 4096};
-  fp8::Float8Linear fc3{4096, 10};
-
-  FashionWideMlpImpl() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("fc3", fc3);
-  }
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x.flatten(1)));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-};
-TORCH_MODULE(FashionWideMlp);
+/// The 784-4096-4096-10 FashionMlp.
+inline FashionMlp FashionWideMlp() { return FashionMlp(4096); }
 
 }  // namespace mantissa::examples
