@@ -548,6 +548,8 @@ TEST(ConvertToFloat8Test, TrainsAndResumesBitwiseWithDelayedScaling) {
     torch::manual_seed(21);
     return MixedModel();
   };
+  // Seeded: LibTorch's default generator starts from another seed in every process.
+  torch::manual_seed(22);
   const auto data = torch::randn({64, 32});
   const auto target = torch::randn({64, 16});
   auto train = [&](MixedModel& model, mantissa::fp8::Float8Conversion& conversion,
@@ -572,11 +574,7 @@ TEST(ConvertToFloat8Test, TrainsAndResumesBitwiseWithDelayedScaling) {
       mantissa::fp8::convert_to_float8_training(*model, Float8Recipe().amax_history_len(8));
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const auto first = train(model, conversion, optimizer, 6);
-  // Only finiteness here: the losses of this run differ from process to process when several
-  // run at once (seen: a first loss of 0.98 to 1.09, so a fixed rate of descent is flaky; see
-  // the closing note of 2026-12-02). Within one process every step below is bitwise, which is
-  // what this test is about; Fp8TrainerTest checks that training lowers the loss.
-  for (const float loss : first) EXPECT_TRUE(std::isfinite(loss)) << loss;
+  EXPECT_LT(first.back(), first.front() * 0.9f);
 
   // Snapshot after 6 steps, continue 3 steps; then restore the snapshot in a fresh model.
   std::vector<torch::Tensor> weights;
