@@ -79,6 +79,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/resume_check.cpp
   src/trainer/run_schedule.cpp
   src/trainer/interval_policy.cpp
+  src/trainer/thread_check.cpp
   src/trainer/loss_window.cpp
   src/trainer/optimizer_factory.cpp
   src/trainer/optimizer_family.cpp

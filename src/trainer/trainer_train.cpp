@@ -1,17 +1,22 @@
 // Trainer::train(): the run set up (resume, precision guards, the start line), a step engine
 // and the training loop wired together over this Trainer's objects.
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include <fmt/format.h>
 #include <torch/utils.h>
 
+#include <ATen/Parallel.h>
+
 #include <mantissa/amp/tf32_guard.h>
+#include <mantissa/distributed.h>
 
 #include "scoped_value.h"
 #include "trainer/eager_engine.h"
 #include "trainer/graph_engine.h"
 #include "trainer/interval_policy.h"
+#include "trainer/thread_check.h"
 #include "trainer/trainer_impl.h"
 #include "trainer/training_loop.h"
 
@@ -30,6 +35,13 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   if (const auto dir = checkpoint_to_resume(resume)) load_for_resume(*dir);
   strategy_->copy_scaler_from_rank0(objects_.scaler);
   const auto max_steps = objects_.schedule.max_steps;
+  if (device_.is_cpu() && strategy_->is_local_main_process()) {
+    const auto local = distributed::DistributedEnvironment::from_env().local_world_size;
+    if (const auto warning = detail::thread_oversubscription(
+            at::get_num_threads(), std::max<std::int64_t>(1, local), detail::usable_cores())) {
+      TORCH_WARN_ONCE(*warning);
+    }
+  }
   if (args_.load_best_model_at_end() && strategy_->is_main_process() &&
       !detail::evaluates_within(detail::make_interval_policy(args_), state_.eval_steps,
                                 state_.global_step, max_steps)) {
