@@ -6,28 +6,21 @@ loss. No timing is checked: speed is what bench/anchors reports, not what a test
 
     bench/anchors_smoke_test.py --build_dir build --python .venv/bin/python"""
 
-import argparse
-import json
 import math
 import os
-import subprocess
 import sys
+
+import smoke_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--build_dir", required=True)
-    p.add_argument("--python", required=True)
-    args = p.parse_args()
+    args = smoke_util.parse_args(__doc__.splitlines()[0])
     cmd = [sys.executable, os.path.join(HERE, "anchors"), "--repeats", "1", "--steps", "3", "--warmup", "2",
            "--models", "mlp", "--precisions", "fp32,bf16_masters", "--threads", "1",
            "--build_dir", args.build_dir, "--python", args.python]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    print(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"bench/anchors exited with {proc.returncode}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = smoke_util.run_driver(cmd, "bench/anchors")
 
     assert result["bench"] == "trainer_anchors", result["bench"]
     expected = ["mlp/fp32/trainer", "mlp/fp32/hand", "mlp/fp32/python", "mlp/fp32/hf",

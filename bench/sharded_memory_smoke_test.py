@@ -8,27 +8,20 @@ counters, on both sides.
 
     bench/sharded_memory_smoke_test.py --build_dir build --python .venv/bin/python"""
 
-import argparse
-import json
 import math
 import os
-import subprocess
+
+import smoke_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--build_dir", required=True)
-    p.add_argument("--python", required=True)
-    args = p.parse_args()
+    args = smoke_util.parse_args(__doc__.splitlines()[0])
     torchrun = os.path.join(os.path.dirname(args.python), "torchrun")
     cmd = [args.python, os.path.join(HERE, "sharded_memory"), "--quick", "--precisions", "fp32",
            "--build_dir", args.build_dir, "--torchrun", torchrun]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    print(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"bench/sharded_memory exited with {proc.returncode}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = smoke_util.run_driver(cmd, "bench/sharded_memory")
     assert result["bench"] == "sharded_memory", result["bench"]
     rows = {(r["impl"], r["strategy"]): r for r in result["rows"]}
     expected = [("mantissa", "ddp"), ("mantissa", "shard_grad_op"), ("torch", "ddp"), ("torch", "fully_shard"),

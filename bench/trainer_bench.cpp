@@ -12,9 +12,9 @@
 // bench/python/torch_ddp.py. Only rank 0 prints the JSON line (every rank with --every_rank, as
 // bench/sharded_memory asks), with the world size; its speeds are those of rank 0
 // (samples_per_second counts this rank's samples). The JSON line also counts the optimizer state
-// the process holds (optimizer_state_bytes), so --fsdp shard_grad_op shows its shard. --ddp_bucket_cap_mb sets
-// the Trainer's gradient bucket size; unused parameters are not searched for, as in PyTorch's
-// DDP by default. The hand-written loop has no gradient sync, so it only runs alone.
+// the process holds (optimizer_state_bytes), so --fsdp shard_grad_op shows its shard.
+// --ddp_bucket_cap_mb sets the Trainer's gradient bucket size; unused parameters are not
+// searched for, as in PyTorch's DDP by default. The hand-written loop has no gradient sync, so it only runs alone.
 //
 // What both implementations do, step for step (the Trainer's defaults, with the optimizer and
 // precision given on the command line):
@@ -54,6 +54,7 @@
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
 #include "io/filesystem.h"
+#include "trainer/optimizer_state_table.h"
 
 #include "fashion_models.h"
 #include "idx_dataset.h"
@@ -193,21 +194,19 @@ std::int64_t bytes_of(const torch::Tensor& t) {
 /// a bf16 model, each master and its gradient. Under fsdp shard_grad_op `optimizer` updates this
 /// rank's shard only.
 std::int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, bool masters) {
+  // The state tensors the checkpoint code knows per optimizer class, and FusedAdamW's step
+  // counter (a tensor there; an integer in torch::optim::AdamW).
+  const auto& kind = mantissa::detail::optimizer_state_kind(optimizer);
   std::int64_t total = 0;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& param : group.params()) {
       if (masters) total += 2 * bytes_of(param);
       const auto found = optimizer.state().find(param.unsafeGetTensorImpl());
       if (found == optimizer.state().end()) continue;
+      for (const auto& entry : kind.tensors(*found->second)) total += bytes_of(entry.second);
       if (const auto* fused =
               dynamic_cast<const mantissa::optim::FusedAdamWParamState*>(found->second.get())) {
-        total += bytes_of(fused->step()) + bytes_of(fused->exp_avg()) +
-                 bytes_of(fused->exp_avg_sq()) + bytes_of(fused->max_exp_avg_sq()) +
-                 bytes_of(fused->kahan_comp());
-      } else if (const auto* adamw =
-                     dynamic_cast<const torch::optim::AdamWParamState*>(found->second.get())) {
-        total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) +
-                 bytes_of(adamw->max_exp_avg_sq());
+        total += bytes_of(fused->step());
       }
     }
   }

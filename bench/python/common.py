@@ -124,12 +124,16 @@ def prepare_precision(model, args):
     return [p.detach().float() for p in model.parameters()]
 
 
-def make_adamw(params, args):
-    """The anchors' AdamW: weight decay 0, fused=True for adamw_torch_fused, else the
+def adamw_options(args):
+    """The anchors' AdamW options: weight decay 0, fused=True for adamw_torch_fused, else the
     single-tensor loop."""
     fused = args.optim == "adamw_torch_fused"
-    return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, fused=fused or None,
-                             foreach=None if fused else False)
+    return dict(lr=args.lr, weight_decay=0.0, fused=fused or None, foreach=None if fused else False)
+
+
+def make_adamw(params, args):
+    """The anchors' AdamW over `params` (adamw_options)."""
+    return torch.optim.AdamW(params, **adamw_options(args))
 
 
 def train_steps(net, model, masters, images, targets, order, args, optimizer=None):

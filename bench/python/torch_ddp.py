@@ -82,10 +82,8 @@ def wrap(model, masters, args, world_size):
     if args.strategy == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         params = masters if masters is not None else list(model.parameters())
-        fused = args.optim == "adamw_torch_fused"
-        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=args.lr,
-                                            weight_decay=0.0, fused=fused or None,
-                                            foreach=None if fused else False)
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                            **common.adamw_options(args))
         return net, optimizer, None
     return net, None, None
 

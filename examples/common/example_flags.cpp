@@ -1,12 +1,8 @@
 #include "example_flags.h"
 
-#include <cstdlib>
-#include <iostream>
 #include <string>
-#include <vector>
 
 #include <c10/util/Exception.h>
-#include <c10/util/StringUtil.h>
 
 namespace mantissa::examples {
 

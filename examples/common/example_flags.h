@@ -7,8 +7,6 @@
 #include <c10/core/ScalarType.h>
 #include <CLI/CLI.hpp>
 
-#include <mantissa/training_arguments.h>
-
 namespace mantissa::examples {
 
 /// Adds `--model_dtype fp32|bf16|fp16` to `app`, stored in `model_dtype` ("fp32" unless given):

@@ -31,10 +31,11 @@ struct OptimizerStateKind {
 /// are plain dicts. No device sync.
 const OptimizerStateKind& optimizer_state_kind(const torch::optim::Optimizer& optimizer);
 
-/// Checks each loaded state tensor of `optimizer` against its parameter: the same shape and a
-/// floating dtype, else a c10::ValueError naming the state, the parameter's index (counted over
-/// all groups) and both shapes. A optimizer.pt of another model would otherwise fail at the
-/// first step, far from the file. No device sync.
+/// Checks each loaded state tensor of `optimizer` against its parameter: the same shape, a
+/// floating dtype and only finite values, else a c10::ValueError naming the state and the
+/// parameter's index (counted over all groups), with both shapes or the count of non-finite
+/// values. A optimizer.pt of another model, or one holding NaN, would otherwise fail at or after
+/// the first step, far from the file. Syncs (reads each count of non-finite values).
 void check_optimizer_state(const torch::optim::Optimizer& optimizer);
 
 }  // namespace mantissa::detail

@@ -190,10 +190,10 @@ std::optional<std::string> Trainer::Impl::checkpoint_to_resume(
 void Trainer::Impl::load_for_resume(const std::string& dir) {
   // A run of another size: its position within an epoch means other batches here, so the
   // run continues at its global_step placed as HF places it (whole epochs of this run's size).
-  const bool other_world_size = io::is_directory(dir) && detail::saved_process_count(dir) > 0 &&
-                                detail::saved_process_count(dir) != strategy_->world_size();
+  // One count: it reads an rng_state file.
+  const auto saved_processes = io::is_directory(dir) ? detail::saved_process_count(dir) : 0;
+  const bool other_world_size = saved_processes > 0 && saved_processes != strategy_->world_size();
   if (other_world_size) {
-    const auto saved_processes = detail::saved_process_count(dir);
     if (state_.is_world_process_zero) {
       TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
                  " process(es) saved, with ", strategy_->world_size(),
