@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -68,6 +69,43 @@ TEST(TorchLoadTest, RefusesAStorageBeyondItsRecord) {
   EXPECT_THAT(
       error_of([] { mantissa::io::load_torch_bytes(golden_bytes("storage_beyond_record.pt")); }),
       HasSubstr("the storage '0' is declared with 255 bytes, but its record 'data/0' holds 4"));
+}
+
+TEST(TorchLoadTest, RefusesAStorageOfNegativeCount) {
+  // No record is read for it; LibTorch itself refuses the byte count (and, were it to stop,
+  // check_tensors_fit_storage refuses a tensor with elements and no bytes).
+  EXPECT_NE(
+      error_of([] { mantissa::io::load_torch_bytes(golden_bytes("storage_count_negative.pt")); }),
+      "(no error)");
+}
+
+TEST(TorchLoadTest, RefusesWhatWouldAllocateMoreThanTheFileHolds) {
+  // LibTorch's unpickler would grow its memo table to 2**31 entries (32 GiB), or allocate a
+  // 4 GiB string, before finding out.
+  EXPECT_THAT(error_of([] { mantissa::io::load_torch_bytes(golden_bytes("memo_gap.pt")); }),
+              HasSubstr("the file: its record 'data.pkl' stores memo entry 2147483647 at byte 3"));
+  EXPECT_THAT(
+      error_of([] { mantissa::io::load_torch_bytes(golden_bytes("string_past_end.pt")); }),
+      HasSubstr("its record 'data.pkl' claims 4294967280 bytes for the argument of its pickle "
+                "opcode 0x58 at byte 5"));
+  const auto path = std::string(MANTISSA_TEST_DATA_DIR) + "/torch_load/archive_memo_gap.pt";
+  torch::serialize::InputArchive archive;
+  EXPECT_THAT(error_of([&] { mantissa::io::load_torch_archive(path, archive); }),
+              HasSubstr("archive_memo_gap.pt': its record 'data.pkl' stores memo entry "
+                        "2147483647"));
+}
+
+TEST(TorchLoadTest, RefusesACompressedRecord) {
+  // The directory claims 2 GiB for the deflated record; LibTorch's reader allocates a record's
+  // claim before inflating it, and reads "version" while it is being constructed.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"deflated_pickle_claims_2gib.pt", "archive/data.pkl"},
+      {"deflated_version_claims_2gib.pt", "archive/version"}};
+  for (const auto& [file, record] : cases) {
+    EXPECT_THAT(error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
+                HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
+        << file;
+  }
 }
 
 TEST(TorchLoadTest, ChecksTensorsInNestedContainers) {

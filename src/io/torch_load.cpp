@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/serialization/storage_context.h>
 
 #include "io/atomic_file.h"
+#include "io/pickle_scan.h"
+#include "io/zip_directory.h"
 
 namespace mantissa::io {
 namespace {
@@ -88,6 +90,20 @@ class FileReader {
   std::uint64_t size_ = 0;
 };
 
+// The file as LibTorch's zip reader sees it, for the checks that run before LibTorch's own
+// loader opens the file again.
+class FileAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit FileAdapter(std::shared_ptr<const FileReader> file) : file_(std::move(file)) {}
+  std::size_t size() const override { return static_cast<std::size_t>(file_->size()); }
+  std::size_t read(std::uint64_t pos, void* buf, std::size_t n, const char*) const override {
+    return file_->read(pos, buf, n);
+  }
+
+ private:
+  std::shared_ptr<const FileReader> file_;
+};
+
 // Throws unless `tensor` lies wholly inside its storage: the bytes from its offset to its last
 // element, at its strides, fit in storage().nbytes().
 void check_tensor(const at::Tensor& tensor, const std::string& where) {
@@ -99,6 +115,10 @@ void check_tensor(const at::Tensor& tensor, const std::string& where) {
   const std::int64_t offset = tensor.storage_offset();
   TORCH_CHECK_VALUE(offset >= 0, where, " has the negative storage offset ", offset);
   if (tensor.numel() == 0) return;
+  // A storage declared with no elements (or a negative count) is never read from the archive,
+  // whatever byte count the pickle gives it.
+  TORCH_CHECK_VALUE(tensor.storage().data() != nullptr, where, " (shape ", tensor.sizes(), ", ",
+                    tensor.scalar_type(), ") has elements but no bytes behind them");
   std::uint64_t last = static_cast<std::uint64_t>(offset);
   bool overflow = false;
   for (std::int64_t d = 0; d < tensor.dim(); ++d) {
@@ -132,6 +152,33 @@ void check_storages_fit_records(caffe2::serialize::PyTorchStreamReader& reader,
     const auto held = reader.getRecordSize(record);
     TORCH_CHECK_VALUE(declared <= held, "the storage '", key, "' is declared with ", declared,
                       " bytes, but its record '", record, "' holds ", held);
+  }
+}
+
+// Every record must lie inside the archive, and every pickle in it must be bounded
+// (io/pickle_scan.h), before LibTorch reads either: it allocates a record at the size the zip
+// directory claims, and the unpickler sizes its memo table and strings from the pickle's
+// numbers. A record stored whole, as torch.save and LibTorch write them, never claims more
+// bytes than the file has.
+void check_records_are_bounded(caffe2::serialize::PyTorchStreamReader& reader,
+                               std::uint64_t archive_size, const std::string& what) {
+  const auto records = reader.getAllRecords();
+  for (const auto& record : records) {
+    const std::uint64_t offset = reader.getRecordOffset(record);
+    const std::uint64_t size = reader.getRecordSize(record);
+    TORCH_CHECK(offset <= archive_size && size <= archive_size - offset, what, ": its record '",
+                record, "' claims ", size, " bytes at offset ", offset, ", past the end of the ",
+                archive_size, " bytes of the zip archive");
+  }
+  for (const auto& record : records) {
+    const std::string suffix = ".pkl";
+    if (record.size() < suffix.size() ||
+        record.compare(record.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const auto [bytes, size] = reader.getRecord(record);
+    check_pickle_is_bounded(static_cast<const char*>(bytes.get()), size,
+                            what + ": its record '" + record + "'");
   }
 }
 
@@ -185,7 +232,14 @@ void check_tensors_fit_storage(const c10::IValue& value, const std::string& wher
 c10::IValue load_torch_bytes(std::vector<char> bytes) {
   // torch::pickle_load (torch/csrc/jit/serialization/pickle.cpp) over our adapter, with a
   // storage context that lets us see the storages the unpickler made.
-  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReader>(std::move(bytes)));
+  auto adapter = std::make_shared<BytesReader>(std::move(bytes));
+  check_zip_records_are_stored(
+      [&adapter](std::uint64_t pos, void* buf, std::size_t n) {
+        return adapter->read(pos, buf, n, "");
+      },
+      adapter->size(), "the file");
+  caffe2::serialize::PyTorchStreamReader reader(adapter);
+  check_records_are_bounded(reader, adapter->size(), "the file");
   auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
   auto value = torch::jit::readArchiveAndTensors(
       "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", /*type_resolver=*/std::nullopt,
@@ -200,6 +254,14 @@ c10::IValue load_torch_file(const std::string& path) { return load_torch_bytes(r
 
 void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive) {
   auto file = std::make_shared<FileReader>(path);
+  {
+    const std::string what = "'" + path + "'";
+    check_zip_records_are_stored(
+        [&file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
+        file->size(), what);
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<FileAdapter>(file));
+    check_records_are_bounded(reader, file->size(), what);
+  }
   archive.load_from(
       [file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
       [file] { return static_cast<std::size_t>(file->size()); });

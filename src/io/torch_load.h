@@ -7,8 +7,11 @@
 // reader an adapter that copies past the end of its buffer when an offset in the archive points
 // there (a file cut inside its end-of-central-directory record), and the unpickler builds a
 // tensor of whatever shape the pickle names over a storage of whatever size the archive holds,
-// so reading the tensor reads past its storage. Here every read of the bytes is bounds-checked
-// and every tensor that comes out is checked against its storage before anyone sees it.
+// so reading the tensor reads past its storage; it also allocates what the zip directory and
+// the pickle claim (a record's size, the memo table, a string) before reading a byte of it.
+// Here every read of the bytes is bounds-checked, every record and pickle is checked against
+// the bytes there are before LibTorch reads them (io/pickle_scan.h), and every tensor that
+// comes out is checked against its storage before anyone sees it.
 
 #include <ATen/core/ivalue.h>
 #include <torch/serialize/input-archive.h>
