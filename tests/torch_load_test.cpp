@@ -1,5 +1,6 @@
 // src/io/torch_load.h: torch.save-format files read whatever their bytes. The hostile files in
 // tests/golden/torch_load/ come from tests/golden/make_hostile_torch_files.py.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -100,12 +101,28 @@ TEST(TorchLoadTest, RefusesACompressedRecord) {
   // claim before inflating it, and reads "version" while it is being constructed.
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"deflated_pickle_claims_2gib.pt", "archive/data.pkl"},
-      {"deflated_version_claims_2gib.pt", "archive/version"}};
+      {"deflated_version_claims_2gib.pt", "archive/version"},
+      {"deflated_version_claims_2gib_zip64.pt", "archive/version"}};
   for (const auto& [file, record] : cases) {
-    EXPECT_THAT(error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
-                HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
+    EXPECT_THAT(
+        error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
+        HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
         << file;
   }
+}
+
+TEST(TorchLoadTest, RefusesARecordPastTheEndOfTheArchive) {
+  // The first central-directory entry's local-header offset (bytes 42-45 of the entry) moved
+  // past the end of the file.
+  auto bytes = rng_like_file();
+  const std::string signature = "PK\x01\x02";
+  const auto entry = std::search(bytes.begin(), bytes.end(), signature.begin(), signature.end());
+  ASSERT_NE(entry, bytes.end());
+  const auto size = static_cast<std::uint32_t>(bytes.size());
+  for (int i = 0; i < 4; ++i) entry[42 + i] = static_cast<char>((size >> (8 * i)) & 0xff);
+  EXPECT_THAT(error_of([&] { mantissa::io::load_torch_bytes(bytes); }),
+              HasSubstr("bytes at offset " + std::to_string(size) + ", past the end of the " +
+                        std::to_string(size) + " bytes of the file"));
 }
 
 TEST(TorchLoadTest, ChecksTensorsInNestedContainers) {

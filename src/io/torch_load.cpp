@@ -155,23 +155,13 @@ void check_storages_fit_records(caffe2::serialize::PyTorchStreamReader& reader,
   }
 }
 
-// Every record must lie inside the archive, and every pickle in it must be bounded
-// (io/pickle_scan.h), before LibTorch reads either: it allocates a record at the size the zip
-// directory claims, and the unpickler sizes its memo table and strings from the pickle's
-// numbers. A record stored whole, as torch.save and LibTorch write them, never claims more
-// bytes than the file has.
-void check_records_are_bounded(caffe2::serialize::PyTorchStreamReader& reader,
-                               std::uint64_t archive_size, const std::string& what) {
-  const auto records = reader.getAllRecords();
-  for (const auto& record : records) {
-    const std::uint64_t offset = reader.getRecordOffset(record);
-    const std::uint64_t size = reader.getRecordSize(record);
-    TORCH_CHECK(offset <= archive_size && size <= archive_size - offset, what, ": its record '",
-                record, "' claims ", size, " bytes at offset ", offset, ", past the end of the ",
-                archive_size, " bytes of the zip archive");
-  }
-  for (const auto& record : records) {
-    const std::string suffix = ".pkl";
+// Every pickle in the archive must be bounded (io/pickle_scan.h) before LibTorch's unpickler
+// reads it: the unpickler sizes its memo table and strings from the pickle's numbers. The
+// records themselves were bounded by check_zip_record_sizes before the reader was made.
+void check_pickles_are_bounded(caffe2::serialize::PyTorchStreamReader& reader,
+                               const std::string& what) {
+  const std::string suffix = "pkl";  // data.pkl, constants.pkl, code/*.debug_pkl
+  for (const auto& record : reader.getAllRecords()) {
     if (record.size() < suffix.size() ||
         record.compare(record.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
@@ -233,13 +223,11 @@ c10::IValue load_torch_bytes(std::vector<char> bytes) {
   // torch::pickle_load (torch/csrc/jit/serialization/pickle.cpp) over our adapter, with a
   // storage context that lets us see the storages the unpickler made.
   auto adapter = std::make_shared<BytesReader>(std::move(bytes));
-  check_zip_records_are_stored(
-      [&adapter](std::uint64_t pos, void* buf, std::size_t n) {
-        return adapter->read(pos, buf, n, "");
-      },
-      adapter->size(), "the file");
+  check_zip_record_sizes([&adapter](std::uint64_t pos, void* buf,
+                                    std::size_t n) { return adapter->read(pos, buf, n, ""); },
+                         adapter->size(), "the file");
   caffe2::serialize::PyTorchStreamReader reader(adapter);
-  check_records_are_bounded(reader, adapter->size(), "the file");
+  check_pickles_are_bounded(reader, "the file");
   auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
   auto value = torch::jit::readArchiveAndTensors(
       "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", /*type_resolver=*/std::nullopt,
@@ -256,11 +244,11 @@ void load_torch_archive(const std::string& path, torch::serialize::InputArchive&
   auto file = std::make_shared<FileReader>(path);
   {
     const std::string what = "'" + path + "'";
-    check_zip_records_are_stored(
+    check_zip_record_sizes(
         [&file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
         file->size(), what);
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<FileAdapter>(file));
-    check_records_are_bounded(reader, file->size(), what);
+    check_pickles_are_bounded(reader, what);
   }
   archive.load_from(
       [file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },

@@ -10,7 +10,7 @@
 namespace mantissa::io {
 namespace {
 
-constexpr std::size_t kEndRecordSize = 22;           // end of central directory, no comment
+constexpr std::size_t kEndRecordSize = 22;  // end of central directory, no comment
 constexpr std::size_t kMaxCommentSize = 0xffff;
 constexpr std::size_t kZip64LocatorSize = 20;
 constexpr std::size_t kZip64EndRecordSize = 56;
@@ -83,8 +83,7 @@ bool find_directory(const ReadAt& read, std::uint64_t size, Directory& directory
 
 }  // namespace
 
-void check_zip_records_are_stored(const ReadAt& read, std::uint64_t size,
-                                  const std::string& what) {
+void check_zip_record_sizes(const ReadAt& read, std::uint64_t size, const std::string& what) {
   Directory directory;
   if (!find_directory(read, size, directory)) return;
   if (directory.offset > size || directory.size > size - directory.offset) return;
@@ -128,15 +127,17 @@ void check_zip_records_are_stored(const ReadAt& read, std::uint64_t size,
     const std::string record(name.begin(), name.end());
     TORCH_CHECK(method == kStored || method == kDeflated, what, ": its record '", record,
                 "' uses zip method ", method, "; LibTorch reads only stored and deflated records");
-    const std::uint64_t uncompressed = fields[0], compressed = fields[1];
+    const std::uint64_t uncompressed = fields[0], compressed = fields[1], offset = fields[2];
+    TORCH_CHECK(offset <= size && compressed <= size - offset, what, ": its record '", record,
+                "' claims ", compressed, " bytes at offset ", offset, ", past the end of the ",
+                size, " bytes of the file");
     if (method == kStored) {
       TORCH_CHECK(uncompressed <= size, what, ": its record '", record, "' claims ", uncompressed,
                   " bytes, more than the ", size, " bytes of the whole file");
     } else {
       TORCH_CHECK(compressed <= size && uncompressed / kMaxDeflateRatio <= compressed, what,
-                  ": its record '", record, "' claims ", uncompressed,
-                  " bytes once inflated from ", compressed,
-                  ", more than deflate can make of them");
+                  ": its record '", record, "' claims ", uncompressed, " bytes once inflated from ",
+                  compressed, ", more than deflate can make of them");
     }
     pos += entry_size;
   }

@@ -24,12 +24,12 @@ namespace mantissa::io {
 using ReadAt = std::function<std::size_t(std::uint64_t pos, void* buf, std::size_t n)>;
 
 /// Throws a c10::Error naming `what` and the record if a record in the zip archive of `size`
-/// bytes read through `read` claims more bytes than it can hold: a stored record more than
-/// the archive has, a deflated one more than deflate makes of its compressed bytes, any other
-/// method at all. An
-/// archive whose directory cannot be found or read is left to LibTorch's reader to refuse.
+/// bytes read through `read` claims more bytes than it can hold: compressed bytes past the
+/// archive's end, a stored record more than the archive has, a deflated one more than deflate
+/// makes of its compressed bytes, any other method at all. An archive whose directory cannot
+/// be found or read is left to LibTorch's reader to refuse.
 /// Reads the directory only (a few hundred bytes per record). No Python equivalent (zipfile
 /// reads the same fields).
-void check_zip_records_are_stored(const ReadAt& read, std::uint64_t size, const std::string& what);
+void check_zip_record_sizes(const ReadAt& read, std::uint64_t size, const std::string& what);
 
 }  // namespace mantissa::io

@@ -11,11 +11,15 @@ of its data.pkl:
                              (LibTorch would grow its memo table to 32 GiB)
   string_past_end.pt         the BINUNICODE 'cpu' claims 4294967280 bytes (LibTorch would
                              allocate them before finding the pickle ends)
-and archive_memo_gap.pt is torch.jit.save of a scripted nn.Linear(2, 2) (the format of
+deflated_pickle_claims_2gib.pt, deflated_version_claims_2gib.pt: that record deflated, its
+directory entry claiming 2 GiB once inflated (LibTorch allocates the claim first; it reads
+"version" while opening the file), and deflated_version_claims_2gib_zip64.pt the same with
+zip64 end records; and archive_memo_gap.pt is torch.jit.save of a scripted nn.Linear(2, 2) (the format of
 optimizer.pt and master_weights.pt) with the same memo gap in its data.pkl.
 """
 import io
 import os
+import struct
 import zipfile
 
 import torch
@@ -89,7 +93,22 @@ def deflate_and_claim(name, record, claimed_size):
     data[position + 24:position + 28] = claimed_size.to_bytes(4, "little")
     with open(os.path.join(HERE, name), "wb") as out:
         out.write(bytes(data))
+    return bytes(data)
+
+
+def with_zip64_end(data):
+    """`data` with zip64 end records before its end record, whose fields then read 'see zip64'."""
+    end = data.rfind(b"PK\x05\x06")
+    entries, directory_size, directory_offset = struct.unpack("<HII", data[end + 10:end + 20])
+    end64 = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries,
+                        directory_size, directory_offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, end, 1)
+    record = bytearray(data[end:])
+    record[8:20] = struct.pack("<HHII", 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+    return data[:end] + end64 + locator + bytes(record)
 
 
 deflate_and_claim("deflated_pickle_claims_2gib.pt", "data.pkl", 0x7FFFFFF0)
-deflate_and_claim("deflated_version_claims_2gib.pt", "version", 0x7FFFFFF0)
+version_claims = deflate_and_claim("deflated_version_claims_2gib.pt", "version", 0x7FFFFFF0)
+with open(os.path.join(HERE, "deflated_version_claims_2gib_zip64.pt"), "wb") as out:
+    out.write(with_zip64_end(version_claims))
