@@ -112,7 +112,10 @@ def save_optimizer_pt(state_dict, path):
     """Writes a ``FusedAdamW.state_dict()`` as the C++ ``FusedAdamW`` saves it, so that the
     C++ Trainer's ``--resume_from_checkpoint`` (or ``FusedAdamW::load``) reads it. Masters
     (``master_param``) are not written: the C++ Trainer keeps them in ``master_weights.pt``."""
-    states = {}
+    # LibTorch reads every attribute of the `state` level as a parameter's state, so that level
+    # must hold nothing else: not the `training` flag and hook slot a scripted nn.Module has.
+    states = torch._C.ScriptModule("__torch__.mantissa.OptimizerState", torch._C.CompilationUnit(),
+                                   True)
     for param_id, values in state_dict["state"].items():
         entry = {}
         if "step" in values:
@@ -121,7 +124,8 @@ def save_optimizer_pt(state_dict, path):
         for name in _STATE_TENSORS:
             if name in values:
                 entry[name] = values[name]
-        states[str(param_id)] = _Archive(entry)
+        scripted = torch.jit.script(_Archive(entry))._c
+        states._register_attribute(str(param_id), scripted._type(), scripted)
     groups = {"param_groups/size": torch.tensor(len(state_dict["param_groups"]))}
     for g, group in enumerate(state_dict["param_groups"]):
         options = {}
@@ -135,7 +139,7 @@ def save_optimizer_pt(state_dict, path):
             values[f"params/{j}"] = str(param_id)
         values["options"] = _Archive(options)
         groups[f"param_groups/{g}"] = _Archive(values)
-    archive = _Archive(
-        {"pytorch_version": "1.5.0", "state": _Archive(states), "param_groups": _Archive(groups)}
-    )
-    torch.jit.script(archive).save(str(path))
+    archive = torch.jit.script(
+        _Archive({"pytorch_version": "1.5.0", "param_groups": _Archive(groups)}))._c
+    archive._register_attribute("state", states._type(), states)
+    archive.save(str(path))
