@@ -13,11 +13,15 @@ file(REMOVE_RECURSE "${STAGING_DIR}")
 file(COPY "${SOURCE_DIR}/" DESTINATION "${STAGING_DIR}"
   PATTERN "__pycache__" EXCLUDE PATTERN "*.egg-info" EXCLUDE PATTERN "build" EXCLUDE
   PATTERN "lib" EXCLUDE)
-file(COPY "${OPS_LIBRARY}" "${MANTISSA_LIBRARY}" DESTINATION "${STAGING_DIR}/mantissa/lib"
-  FOLLOW_SYMLINK_CHAIN)
+# COPY_FILE reads through links: the one file under the name the ops library asks for (its soname).
+file(MAKE_DIRECTORY "${STAGING_DIR}/mantissa/lib")
+foreach(_library "${OPS_LIBRARY}" "${MANTISSA_LIBRARY}")
+  get_filename_component(_name "${_library}" NAME)
+  file(COPY_FILE "${_library}" "${STAGING_DIR}/mantissa/lib/${_name}")
+endforeach()
 execute_process(
   COMMAND "${PYTHON}" -m pip install --no-deps --no-build-isolation --no-index
-          --disable-pip-version-check --quiet "${STAGING_DIR}"
+          --disable-pip-version-check --force-reinstall --quiet "${STAGING_DIR}"
   RESULT_VARIABLE _rc)
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "pip install of ${STAGING_DIR} failed (${_rc})")

@@ -357,12 +357,59 @@ class FusedAdamWTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "int64"):
             FusedAdamW([torch.zeros(3, dtype=torch.int64)])
 
+    @unittest.skipUnless(os.environ.get("MANTISSA_TEST_INSTALLED_PACKAGE") == "1",
+                         "only under CTest, after python.install_package")
     def test_the_installed_package_is_tested(self):
         # CTest runs this from tests/python, so the import must come from the installed copy.
         checkout = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
         self.assertFalse(os.path.realpath(mantissa.__file__).startswith(checkout + os.sep),
                          mantissa.__file__)
         self.assertTrue(os.path.isfile(mantissa.library_path))
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the GPU check runs these)")
+class CudaTest(unittest.TestCase):
+    """The CUDA kernel through the op: Kahan and stochastic rounding promise the CPU kernel's bits;
+    nearest rounding with masters agrees with the CPU to rounding."""
+
+    def run_both(self, dtype, **options):
+        cpu = make_params(dtype)
+        gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+        optimizers = [FusedAdamW(ps, lr=1e-2, weight_decay=0.1, **options) for ps in (cpu, gpu)]
+        for grads in make_grads(cpu, 10):
+            for p, q, g in zip(cpu, gpu, grads):
+                p.grad, q.grad = g, g.cuda()
+            for o in optimizers:
+                o.grad_scale = torch.tensor(1.0, device=o.param_groups[0]["params"][0].device)
+                o.found_inf = torch.zeros((), device=o.grad_scale.device)
+                o.step()
+                del o.grad_scale, o.found_inf
+        return cpu, gpu, optimizers
+
+    def test_kahan_and_stochastic_rounding_equal_the_cpu_bit_for_bit(self):
+        for rule in ("kahan", "stochastic_rounding"):
+            with self.subTest(rule=rule):
+                cpu, gpu, (o_cpu, o_gpu) = self.run_both(
+                    torch.bfloat16, low_precision_update=rule, stochastic_rounding_seed=99)
+                for p, q in zip(cpu, gpu):
+                    self.assertTrue(torch.equal(p.detach(), q.detach().cpu()))
+                    for key, value in o_cpu.state[p].items():
+                        self.assertTrue(torch.equal(value, o_gpu.state[q][key].cpu()), key)
+
+    def test_master_weights_agree_with_the_cpu(self):
+        cpu, gpu, (o_cpu, o_gpu) = self.run_both(torch.bfloat16, master_weights=True)
+        for p, q in zip(cpu, gpu):
+            master = o_gpu.state[q]["master_param"]
+            self.assertLessEqual(max_relative_error(master.cpu(), o_cpu.state[p]["master_param"]),
+                                 1e-6)
+            self.assertTrue(torch.equal(q.detach(), master.to(torch.bfloat16)))
+
+    def test_opcheck_on_cuda(self):
+        args, kwargs = OpTest().sample_args(torch.bfloat16, True, False, True)
+        args = [[t.cuda() for t in a] if isinstance(a[0] if a else None, torch.Tensor) else a
+                for a in args]
+        kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        torch.library.opcheck(torch.ops.mantissa.fused_adamw_.default, args, kwargs)
 
 
 if __name__ == "__main__":
