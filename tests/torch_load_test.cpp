@@ -102,8 +102,9 @@ TEST(TorchLoadTest, RefusesACompressedRecord) {
       {"deflated_pickle_claims_2gib.pt", "archive/data.pkl"},
       {"deflated_version_claims_2gib.pt", "archive/version"}};
   for (const auto& [file, record] : cases) {
-    EXPECT_THAT(error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
-                HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
+    EXPECT_THAT(
+        error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
+        HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
         << file;
   }
 }

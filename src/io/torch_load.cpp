@@ -236,11 +236,9 @@ c10::IValue load_torch_bytes(std::vector<char> bytes) {
   // torch::pickle_load (torch/csrc/jit/serialization/pickle.cpp) over our adapter, with a
   // storage context that lets us see the storages the unpickler made.
   auto adapter = std::make_shared<BytesReader>(std::move(bytes));
-  check_zip_records_are_stored(
-      [&adapter](std::uint64_t pos, void* buf, std::size_t n) {
-        return adapter->read(pos, buf, n, "");
-      },
-      adapter->size(), "the file");
+  check_zip_records_are_stored([&adapter](std::uint64_t pos, void* buf,
+                                          std::size_t n) { return adapter->read(pos, buf, n, ""); },
+                               adapter->size(), "the file");
   caffe2::serialize::PyTorchStreamReader reader(adapter);
   check_records_are_bounded(reader, adapter->size(), "the file");
   auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();

@@ -295,7 +295,7 @@ struct Item {
   FusedAdamWParamState* state;
   at::Tensor model;  // undefined: no model copy
   LowPrecisionUpdate rule;
-  std::uint32_t index;  // the parameter's position over all groups: stochastic rounding's key
+  std::uint32_t index;   // the parameter's position over all groups: stochastic rounding's key
   std::size_t group;     // where the parameter is, for messages
   std::size_t position;  // in its group
 };
@@ -529,10 +529,10 @@ void run_items(std::vector<Item>& items, const FusedAdamWOptions& options,
       item.grad = at::empty_like(p, at::MemoryFormat::Preserve).copy_(item.grad);
     }
     if (kernel_can_run(item, options.amsgrad())) {
-      const BucketKey key{p.device(), p.scalar_type(),
-                          item.model.defined() ? item.model.scalar_type()
-                                               : c10::ScalarType::Undefined,
-                          item.state->exp_avg().scalar_type(), rule};
+      const BucketKey key{
+          p.device(), p.scalar_type(),
+          item.model.defined() ? item.model.scalar_type() : c10::ScalarType::Undefined,
+          item.state->exp_avg().scalar_type(), rule};
       buckets[key].push_back(std::move(item));
     } else {
       TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest,
@@ -677,14 +677,14 @@ void fused_adamw_lists_(const FusedAdamWLists& lists, const FusedAdamWOptions& o
     TORCH_CHECK_VALUE(target.scalar_type() == at::kFloat || target.scalar_type() == at::kBFloat16 ||
                           target.scalar_type() == at::kHalf || target.scalar_type() == at::kDouble,
                       "fused_adamw_: supports float32, bfloat16, float16 and float64 tensors; "
-                      "tensor ", i, " is ", target.scalar_type());
-    TORCH_CHECK_VALUE(!has_master || (target.scalar_type() == at::kFloat &&
-                                      target.sizes() == model.sizes() &&
-                                      target.device() == model.device()),
-                      "fused_adamw_: master_params[", i, "] must be a float32 tensor of params[", i,
-                      "]'s shape and device; got a ", target.scalar_type(), " tensor of shape ",
-                      target.sizes(), " on ", target.device(), " for a param of shape ",
-                      model.sizes(), " on ", model.device());
+                      "tensor ",
+                      i, " is ", target.scalar_type());
+    TORCH_CHECK_VALUE(
+        !has_master || (target.scalar_type() == at::kFloat && target.sizes() == model.sizes() &&
+                        target.device() == model.device()),
+        "fused_adamw_: master_params[", i, "] must be a float32 tensor of params[", i,
+        "]'s shape and device; got a ", target.scalar_type(), " tensor of shape ", target.sizes(),
+        " on ", target.device(), " for a param of shape ", model.sizes(), " on ", model.device());
     const auto& grad = lists.grads[i];
     TORCH_CHECK_VALUE(grad.sizes() == model.sizes() && grad.device() == model.device() &&
                           grad.scalar_type() == model.scalar_type() && !grad.is_sparse(),
@@ -697,16 +697,17 @@ void fused_adamw_lists_(const FusedAdamWLists& lists, const FusedAdamWOptions& o
                         target.sizes(), " on ", target.device(), ")");
     }
     const auto& step = lists.steps[i];
-    TORCH_CHECK_VALUE(step.numel() == 1 && step.scalar_type() == at::kFloat &&
-                          step.device() == target.device(),
-                      "fused_adamw_: state_steps[", i,
-                      "] must be a one-element float32 tensor on the parameter's device; got ",
-                      step.scalar_type(), " of ", step.numel(), " elements on ", step.device());
+    TORCH_CHECK_VALUE(
+        step.numel() == 1 && step.scalar_type() == at::kFloat && step.device() == target.device(),
+        "fused_adamw_: state_steps[", i,
+        "] must be a one-element float32 tensor on the parameter's device; got ",
+        step.scalar_type(), " of ", step.numel(), " elements on ", step.device());
     auto& state = states[i];
     state.step(step).exp_avg(lists.exp_avgs[i]).exp_avg_sq(lists.exp_avg_sqs[i]);
     const auto rule = effective_rule(options, target.scalar_type());
     if (rule == LowPrecisionUpdate::kKahan) {
-      TORCH_CHECK_VALUE(!lists.kahan_comps.empty(), "fused_adamw_: low_precision_update=kahan "
+      TORCH_CHECK_VALUE(!lists.kahan_comps.empty(),
+                        "fused_adamw_: low_precision_update=kahan "
                         "needs kahan_comps for the bfloat16/float16 params; none were given");
       state.kahan_comp(lists.kahan_comps[i]);
     }

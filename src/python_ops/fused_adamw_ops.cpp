@@ -51,8 +51,7 @@ void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList ex
       .weight_decay(weight_decay)
       .eps(eps)
       .maximize(maximize)
-      .low_precision_update(
-          optim::parse_low_precision_update(std::string(low_precision_update)))
+      .low_precision_update(optim::parse_low_precision_update(std::string(low_precision_update)))
       // The schema's int is signed; the seed's 64 bits are taken as they are.
       .stochastic_rounding_seed(static_cast<std::uint64_t>(seed));
   optim::detail::fused_adamw_lists_(lists, options, grad_scale.value_or(at::Tensor()),
@@ -64,7 +63,9 @@ void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList ex
 
 TORCH_LIBRARY(mantissa, m) { m.def(mantissa::python_ops::kFusedAdamWSchema); }
 
-TORCH_LIBRARY_IMPL(mantissa, CPU, m) { m.impl("fused_adamw_", &mantissa::python_ops::fused_adamw_); }
+TORCH_LIBRARY_IMPL(mantissa, CPU, m) {
+  m.impl("fused_adamw_", &mantissa::python_ops::fused_adamw_);
+}
 
 // Only where libmantissa has its CUDA kernels (the same guard as src/optim/fused_adamw.cpp).
 #ifdef MANTISSA_WITH_CUDA

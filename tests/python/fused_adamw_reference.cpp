@@ -99,8 +99,8 @@ int golden(const std::string& out) {
     const std::string name = mantissa::optim::to_string(rule);
     for (std::size_t i = 0; i < params.size(); ++i) {
       const auto key = name + "/" + std::to_string(i);
-      const auto& state =
-          static_cast<const FusedAdamWParamState&>(*opt.state().at(params[i].unsafeGetTensorImpl()));
+      const auto& state = static_cast<const FusedAdamWParamState&>(
+          *opt.state().at(params[i].unsafeGetTensorImpl()));
       dict.insert("param/" + key, params[i]);
       dict.insert("exp_avg/" + key, state.exp_avg());
       dict.insert("exp_avg_sq/" + key, state.exp_avg_sq());
@@ -133,14 +133,15 @@ int save(const std::string& dir) {
     dict.insert("state/" + key + "/step", state.step());
     dict.insert("state/" + key + "/exp_avg", state.exp_avg());
     dict.insert("state/" + key + "/exp_avg_sq", state.exp_avg_sq());
-    if (state.kahan_comp().defined()) dict.insert("state/" + key + "/kahan_comp", state.kahan_comp());
+    if (state.kahan_comp().defined())
+      dict.insert("state/" + key + "/kahan_comp", state.kahan_comp());
   }
   write_dict(dir + "/expected.pt", dict);
   return 0;
 }
 
-// Python wrote py_expected.pt: "param/<i>" (4 params, grouped as initial_params), "state/<i>/<key>",
-// "lr/<group>" (0-d fp64) and "seed" (0-d int64).
+// Python wrote py_expected.pt: "param/<i>" (4 params, grouped as initial_params),
+// "state/<i>/<key>", "lr/<group>" (0-d fp64) and "seed" (0-d int64).
 int check(const std::string& dir) {
   const auto expected = mantissa::io::load_torch_file(dir + "/py_expected.pt").toGenericDict();
   auto get = [&](const std::string& key) {
@@ -161,9 +162,11 @@ int check(const std::string& dir) {
   };
   for (int g = 0; g < 2; ++g) {
     const auto& o = static_cast<const FusedAdamWOptions&>(opt.param_groups()[g].options());
-    if (o.lr() != get("lr/" + std::to_string(g)).item<double>()) fail("lr of group " + std::to_string(g));
+    if (o.lr() != get("lr/" + std::to_string(g)).item<double>())
+      fail("lr of group " + std::to_string(g));
     if (o.low_precision_update() != LowPrecisionUpdate::kKahan) fail("low_precision_update");
-    if (o.stochastic_rounding_seed() != static_cast<std::uint64_t>(get("seed").item<std::int64_t>()))
+    if (o.stochastic_rounding_seed() !=
+        static_cast<std::uint64_t>(get("seed").item<std::int64_t>()))
       fail("stochastic_rounding_seed");
   }
   for (int i = 0; i < 4; ++i) {
