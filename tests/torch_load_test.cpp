@@ -138,6 +138,14 @@ TEST(TorchLoadTest, ChecksTensorsInNestedContainers) {
   EXPECT_NO_THROW(mantissa::io::check_tensors_fit_storage(list, "x"));
 }
 
+// An archive scripted in Python holds `training` (a bool) and `_is_full_backward_hook` (None) at
+// its top level, which the check once took for containers (an internal assert).
+TEST(TorchLoadTest, AcceptsValuesThatHoldNoTensorAtTheTopLevel) {
+  EXPECT_NO_THROW(mantissa::io::check_tensors_fit_storage(c10::IValue(true), "training"));
+  EXPECT_NO_THROW(mantissa::io::check_tensors_fit_storage(c10::IValue(), "hook"));
+  EXPECT_NO_THROW(mantissa::io::check_tensors_fit_storage(c10::IValue(int64_t{3}), "n"));
+}
+
 TEST(TorchLoadTest, ReadsAnOptimizerArchiveAndRefusesItCut) {
   torch::nn::Linear model(3, 2);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));

@@ -177,7 +177,7 @@ void check_pickles_are_bounded(caffe2::serialize::PyTorchStreamReader& reader,
 void check_tensors_fit_storage(const c10::IValue& value, const std::string& where) {
   // Depth-first without recursion, each container once: a hostile pickle can nest deeply and
   // can make a list that holds itself.
-  std::vector<std::pair<c10::IValue, std::string>> pending{{value, where}};
+  std::vector<std::pair<c10::IValue, std::string>> pending;
   std::unordered_set<const void*> seen;
   const auto push = [&](const c10::IValue& item, std::string path) {
     if (item.isTensor() || item.isList() || item.isTuple() || item.isGenericDict() ||
@@ -185,6 +185,9 @@ void check_tensors_fit_storage(const c10::IValue& value, const std::string& wher
       pending.emplace_back(item, std::move(path));
     }
   };
+  // Through push, as any other: an archive's top-level values may be numbers, bools or None
+  // (a module scripted in Python has `training` and `_is_full_backward_hook`).
+  push(value, where);
   while (!pending.empty()) {
     auto [item, path] = std::move(pending.back());
     pending.pop_back();

@@ -17,6 +17,7 @@
 
 #include "cuda_capture.h"
 #include "optim/fused_adamw_kernels.h"
+#include "optim/fused_adamw_lists.h"
 #include "optim/low_precision_rounding.h"
 
 namespace mantissa::optim {
@@ -294,7 +295,9 @@ struct Item {
   FusedAdamWParamState* state;
   at::Tensor model;  // undefined: no model copy
   LowPrecisionUpdate rule;
-  std::uint32_t index;  // the parameter's position over all groups: stochastic rounding's key
+  std::uint32_t index;   // the parameter's position over all groups: stochastic rounding's key
+  std::size_t group;     // where the parameter is, for messages
+  std::size_t position;  // in its group
 };
 
 // One kernel call: same device, param dtype, model dtype, moment dtype, rule.
@@ -509,6 +512,52 @@ void run_cuda(const BucketKey& key, std::vector<Item>& items, const FusedAdamWOp
 }
 #endif
 
+// Sends each item to a kernel (one call per bucket of alike tensors) or to the ATen fallback,
+// and runs them.
+void run_items(std::vector<Item>& items, const FusedAdamWOptions& options,
+               const at::Tensor& lr_tensor, const at::Tensor& grad_scale,
+               const at::Tensor& found_inf) {
+  std::map<BucketKey, std::vector<Item>> buckets;
+  std::vector<Item> fallback;
+  for (auto& item : items) {
+    const auto& p = item.param;
+    const auto rule = item.rule;
+    if (rule != LowPrecisionUpdate::kNearest && !kernel_can_run(item, options.amsgrad()) &&
+        p.is_non_overlapping_and_dense() && !same_dense_layout(p, item.grad)) {
+      // The compensated rules have no ATen fallback: a gradient laid out unlike its
+      // parameter is copied into the parameter's layout for the kernel.
+      item.grad = at::empty_like(p, at::MemoryFormat::Preserve).copy_(item.grad);
+    }
+    if (kernel_can_run(item, options.amsgrad())) {
+      const BucketKey key{
+          p.device(), p.scalar_type(),
+          item.model.defined() ? item.model.scalar_type() : c10::ScalarType::Undefined,
+          item.state->exp_avg().scalar_type(), rule};
+      buckets[key].push_back(std::move(item));
+    } else {
+      TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest,
+                        "FusedAdamW: low_precision_update=", to_string(rule),
+                        " needs a dense parameter on the CPU or a CUDA device, with "
+                        "its state laid out alike; parameter ",
+                        item.position, " of group ", item.group, " is a ", p.scalar_type(),
+                        " tensor on ", p.device(), " with strides ", p.strides());
+      fallback.push_back(std::move(item));
+    }
+  }
+  for (auto& [key, bucket] : buckets) {
+    if (key.device.is_cpu()) {
+      run_cpu(key, bucket, options, lr_tensor, grad_scale, found_inf);
+    } else {
+#ifdef MANTISSA_WITH_CUDA
+      run_cuda(key, bucket, options, lr_tensor, grad_scale, found_inf);
+#else
+      TORCH_INTERNAL_ASSERT(false, "FusedAdamW: no kernel for ", key.device);
+#endif
+    }
+  }
+  for (auto& item : fallback) adamw_fallback(item, options, lr_tensor, grad_scale, found_inf);
+}
+
 }  // namespace
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
@@ -541,8 +590,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     const auto group_first_index = first_index;
     first_index += static_cast<std::uint32_t>(group.params().size());
     const at::Tensor lr_tensor = capturable_ ? lr_tensors_[g] : at::Tensor();
-    std::map<BucketKey, std::vector<Item>> buckets;
-    std::vector<Item> fallback;
+    std::vector<Item> items;
     for (std::size_t i = 0; i < group.params().size(); ++i) {
       auto& p = group.params()[i];
       const auto& grad = p.grad();
@@ -587,43 +635,93 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       if (auto linked = model_of_.find(p.unsafeGetTensorImpl()); linked != model_of_.end()) {
         model = linked->second;
       }
-      Item item{p, grad, state, model, rule, group_first_index + static_cast<std::uint32_t>(i)};
-      if (rule != LowPrecisionUpdate::kNearest && !kernel_can_run(item, options.amsgrad()) &&
-          p.is_non_overlapping_and_dense() && !same_dense_layout(p, grad)) {
-        // The compensated rules have no ATen fallback: a gradient laid out unlike its
-        // parameter is copied into the parameter's layout for the kernel.
-        item.grad = at::empty_like(p, at::MemoryFormat::Preserve).copy_(grad);
-      }
-      if (kernel_can_run(item, options.amsgrad())) {
-        const BucketKey key{p.device(), p.scalar_type(),
-                            model.defined() ? model.scalar_type() : c10::ScalarType::Undefined,
-                            state->exp_avg().scalar_type(), rule};
-        buckets[key].push_back(std::move(item));
-      } else {
-        TORCH_CHECK_VALUE(rule == LowPrecisionUpdate::kNearest,
-                          "FusedAdamW: low_precision_update=", to_string(rule),
-                          " needs a dense parameter on the CPU or a CUDA device, with "
-                          "its state laid out alike; parameter ",
-                          i, " of group ", g, " is a ", p.scalar_type(), " tensor on ", p.device(),
-                          " with strides ", p.strides());
-        fallback.push_back(std::move(item));
-      }
+      items.push_back(Item{p, grad, state, model, rule,
+                           group_first_index + static_cast<std::uint32_t>(i), g, i});
     }
-    for (auto& [key, items] : buckets) {
-      if (key.device.is_cpu()) {
-        run_cpu(key, items, options, lr_tensor, grad_scale_, found_inf_);
-      } else {
-#ifdef MANTISSA_WITH_CUDA
-        run_cuda(key, items, options, lr_tensor, grad_scale_, found_inf_);
-#else
-        TORCH_INTERNAL_ASSERT(false, "FusedAdamW: no kernel for ", key.device);
-#endif
-      }
-    }
-    for (auto& item : fallback) adamw_fallback(item, options, lr_tensor, grad_scale_, found_inf_);
+    run_items(items, options, lr_tensor, grad_scale_, found_inf_);
   }
   return loss;
 }
+
+// ---- the list entry point (torch.ops bridge) -------------------------------------------
+
+namespace detail {
+
+void fused_adamw_lists_(const FusedAdamWLists& lists, const FusedAdamWOptions& options,
+                        const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  at::NoGradGuard no_grad;
+  check_options(options);
+  TORCH_CHECK_VALUE(!options.amsgrad(), "fused_adamw_: amsgrad is not supported here");
+  const auto n = lists.params.size();
+  const auto same_length = [&](const std::vector<at::Tensor>& list, const char* name,
+                               bool may_be_empty) {
+    TORCH_CHECK_VALUE(list.size() == n || (may_be_empty && list.empty()), "fused_adamw_: ", name,
+                      " has ", list.size(), " tensors but params has ", n);
+  };
+  same_length(lists.grads, "grads", false);
+  same_length(lists.exp_avgs, "exp_avgs", false);
+  same_length(lists.exp_avg_sqs, "exp_avg_sqs", false);
+  same_length(lists.steps, "state_steps", false);
+  same_length(lists.masters, "master_params", true);
+  same_length(lists.kahan_comps, "kahan_comps", true);
+  TORCH_CHECK_VALUE(lists.indices.size() == n, "fused_adamw_: param_indices has ",
+                    lists.indices.size(), " entries but params has ", n);
+  // The items point into `states`, which must not move while they run.
+  std::vector<FusedAdamWParamState> states(n);
+  std::vector<Item> items;
+  items.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool has_master = !lists.masters.empty();
+    const auto& model = lists.params[i];
+    const auto& target = has_master ? lists.masters[i] : model;
+    TORCH_CHECK_VALUE(target.scalar_type() == at::kFloat || target.scalar_type() == at::kBFloat16 ||
+                          target.scalar_type() == at::kHalf || target.scalar_type() == at::kDouble,
+                      "fused_adamw_: supports float32, bfloat16, float16 and float64 tensors; "
+                      "tensor ",
+                      i, " is ", target.scalar_type());
+    TORCH_CHECK_VALUE(
+        !has_master || (target.scalar_type() == at::kFloat && target.sizes() == model.sizes() &&
+                        target.device() == model.device()),
+        "fused_adamw_: master_params[", i, "] must be a float32 tensor of params[", i,
+        "]'s shape and device; got a ", target.scalar_type(), " tensor of shape ", target.sizes(),
+        " on ", target.device(), " for a param of shape ", model.sizes(), " on ", model.device());
+    const auto& grad = lists.grads[i];
+    TORCH_CHECK_VALUE(grad.sizes() == model.sizes() && grad.device() == model.device() &&
+                          grad.scalar_type() == model.scalar_type() && !grad.is_sparse(),
+                      "fused_adamw_: grads[", i, "] must be a dense tensor of params[", i,
+                      "]'s shape, dtype and device");
+    for (const auto* moment : {&lists.exp_avgs[i], &lists.exp_avg_sqs[i]}) {
+      TORCH_CHECK_VALUE(moment->sizes() == target.sizes() && moment->device() == target.device(),
+                        "fused_adamw_: the moments of tensor ", i,
+                        " must have the shape and device of the tensor they update (",
+                        target.sizes(), " on ", target.device(), ")");
+    }
+    const auto& step = lists.steps[i];
+    TORCH_CHECK_VALUE(
+        step.numel() == 1 && step.scalar_type() == at::kFloat && step.device() == target.device(),
+        "fused_adamw_: state_steps[", i,
+        "] must be a one-element float32 tensor on the parameter's device; got ",
+        step.scalar_type(), " of ", step.numel(), " elements on ", step.device());
+    auto& state = states[i];
+    state.step(step).exp_avg(lists.exp_avgs[i]).exp_avg_sq(lists.exp_avg_sqs[i]);
+    const auto rule = effective_rule(options, target.scalar_type());
+    if (rule == LowPrecisionUpdate::kKahan) {
+      TORCH_CHECK_VALUE(!lists.kahan_comps.empty(),
+                        "fused_adamw_: low_precision_update=kahan "
+                        "needs kahan_comps for the bfloat16/float16 params; none were given");
+      state.kahan_comp(lists.kahan_comps[i]);
+    }
+    TORCH_CHECK_VALUE(lists.indices[i] >= 0 && lists.indices[i] <= UINT32_MAX,
+                      "fused_adamw_: param_indices[", i, "] must be in [0, 2^32); got ",
+                      lists.indices[i]);
+    items.push_back(Item{target, has_master ? grad.to(target.scalar_type()) : grad, &state,
+                         has_master ? model : at::Tensor(), rule,
+                         static_cast<std::uint32_t>(lists.indices[i]), 0, i});
+  }
+  run_items(items, options, at::Tensor(), grad_scale, found_inf);
+}
+
+}  // namespace detail
 
 // ---- CPU kernel choice ----------------------------------------------------------------
 

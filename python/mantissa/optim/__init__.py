@@ -1,0 +1,6 @@
+"""Optimizers on mantissa's C++ kernels, and the C++ optimizer's checkpoint file."""
+
+from mantissa.optim.archive import load_optimizer_pt, save_optimizer_pt
+from mantissa.optim.fused_adamw import FusedAdamW
+
+__all__ = ["FusedAdamW", "load_optimizer_pt", "save_optimizer_pt"]
