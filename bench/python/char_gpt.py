@@ -105,8 +105,13 @@ def main():
     parser.add_argument("--max_corpus_chars", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--optimizer", default="fused", choices=["fused", "for-loop"],
+                        help="torch.optim.AdamW(fused=True) or its per-tensor loop (foreach=False)")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     args = parser.parse_args()
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
@@ -120,7 +125,8 @@ def main():
     # HF's split: decay for >= 2-d weights only.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    fused = device.type == "cuda"
+    # PyTorch's fastest AdamW on either device (its fused CPU kernel exists since 2.4).
+    fused = args.optimizer == "fused"
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.learning_rate, fused=fused, foreach=None if fused else False)
@@ -170,7 +176,8 @@ def main():
         "impl": "pytorch-python", "model_size": args.model_size, "precision": args.precision,
         "device": str(device), "params": n_params, "batch_size": args.batch_size, "block_size": block,
         "steps": args.steps, "median_step_s": seconds, "tokens_per_second": args.batch_size * block / seconds,
-        "last_loss": loss.item(), "torch": torch.__version__,
+        "last_loss": loss.item(), "torch": torch.__version__, "optimizer": args.optimizer,
+        "threads": torch.get_num_threads(),
     }))
 
 
