@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <mantissa/amp/autocast.h>
 #include <mantissa/nn/linear_cross_entropy.h>
@@ -102,8 +102,8 @@ std::pair<double, double> run_checkpointing(const Config& c, const torch::Device
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto gen = at::detail::createCPUGenerator(1);
   return time_steps(c, device, [&] {
-    const auto ids = torch::randint(c.vocab, {c.batch, config.block_size + 1}, gen, torch::kLong)
-                         .to(device);
+    const auto ids =
+        torch::randint(c.vocab, {c.batch, config.block_size + 1}, gen, torch::kLong).to(device);
     mantissa::Batch batch{{"input_ids", ids.narrow(1, 0, config.block_size)},
                           {"labels", ids.narrow(1, 1, config.block_size)}};
     torch::Tensor loss;
@@ -130,10 +130,10 @@ std::pair<double, double> run_loss(const Config& c, const torch::Device& device)
     {
       std::optional<mantissa::amp::Autocast> autocast;
       if (c.bf16) autocast.emplace(device.type(), torch::kBFloat16);
-      loss = c.on ? mantissa::nn::linear_cross_entropy(hidden, weight, {}, targets, -100,
-                                                       c.chunk_size)
-                  : torch::nn::functional::cross_entropy(
-                        torch::nn::functional::linear(hidden, weight), targets);
+      loss =
+          c.on ? mantissa::nn::linear_cross_entropy(hidden, weight, {}, targets, -100, c.chunk_size)
+               : torch::nn::functional::cross_entropy(torch::nn::functional::linear(hidden, weight),
+                                                      targets);
     }
     loss.backward();
     hidden.mutable_grad().reset();

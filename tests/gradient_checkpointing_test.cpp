@@ -35,12 +35,13 @@ TORCH_MODULE(DropoutBlock);
 // Three blocks, checkpointed when enabled.
 struct BlocksImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing {
   BlocksImpl(int64_t width, double p) {
-    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("b" + std::to_string(i),
-                                                                 DropoutBlock(width, p)));
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module("b" + std::to_string(i), DropoutBlock(width, p)));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (auto& block : blocks) {
-      x = maybe_checkpoint(is_training(), [block](const torch::Tensor& h) { return block(h); }, x);
+      x = maybe_checkpoint(
+          is_training(), [block](const torch::Tensor& h) { return block(h); }, x);
     }
     return x;
   }
@@ -76,12 +77,14 @@ RunResult run_blocks(bool checkpointing, double p, bool input_requires_grad, boo
 }
 
 void expect_bitwise_equal(const RunResult& a, const RunResult& b) {
-  EXPECT_TRUE(torch::equal(a.loss, b.loss)) << a.loss.item<double>() << " vs " << b.loss.item<double>();
+  EXPECT_TRUE(torch::equal(a.loss, b.loss))
+      << a.loss.item<double>() << " vs " << b.loss.item<double>();
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (std::size_t i = 0; i < a.grads.size(); ++i) {
     ASSERT_TRUE(a.grads[i].defined() && b.grads[i].defined()) << "gradient " << i;
     EXPECT_TRUE(torch::equal(a.grads[i], b.grads[i]))
-        << "gradient " << i << ": max |diff| " << (a.grads[i] - b.grads[i]).abs().max().item<double>();
+        << "gradient " << i << ": max |diff| "
+        << (a.grads[i] - b.grads[i]).abs().max().item<double>();
   }
   EXPECT_TRUE(torch::equal(a.random_after, b.random_after))
       << "the generator is not where it would be without the recompute";
@@ -143,8 +146,8 @@ TEST(GradientCheckpointingTest, SeveralOutputsAndAnUnusedOne) {
 TEST(GradientCheckpointingTest, WithoutGradModeItIsThePlainCall) {
   torch::NoGradGuard no_grad;
   auto w = torch::randn({4, 4}).requires_grad_(true);
-  const auto out =
-      mantissa::nn::checkpoint([w](const torch::Tensor& x) { return x.matmul(w); }, torch::ones({2, 4}));
+  const auto out = mantissa::nn::checkpoint([w](const torch::Tensor& x) { return x.matmul(w); },
+                                            torch::ones({2, 4}));
   EXPECT_FALSE(out.requires_grad());
 }
 
@@ -169,8 +172,10 @@ struct CheckpointedMlpImpl : torch::nn::Module, mantissa::nn::SupportsGradientCh
     fc_out = register_module("fc_out", torch::nn::Linear(32, 4));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = maybe_checkpoint(is_training(), [this](const torch::Tensor& t) { return fc_in(t); }, x);
-    h = maybe_checkpoint(is_training(), [this](const torch::Tensor& t) { return block(t); }, h);
+    auto h = maybe_checkpoint(
+        is_training(), [this](const torch::Tensor& t) { return fc_in(t); }, x);
+    h = maybe_checkpoint(
+        is_training(), [this](const torch::Tensor& t) { return block(t); }, h);
     return fc_out(h);
   }
   torch::nn::Linear fc_in{nullptr}, fc_out{nullptr};
@@ -213,7 +218,9 @@ TEST(GradientCheckpointingTest, TrainerTrainsToTheSameLosses) {
 }
 
 TEST(GradientCheckpointingTest, TrainerRefusesAModelThatCannotCheckpoint) {
-  auto args = mantissa_test::toy_args(mantissa_test::toy_output_dir()).max_steps(1).gradient_checkpointing(true);
+  auto args = mantissa_test::toy_args(mantissa_test::toy_output_dir())
+                  .max_steps(1)
+                  .gradient_checkpointing(true);
   mantissa::Trainer trainer(mantissa_test::make_toy_model(), args, mantissa_test::ToyDataset(16));
   try {
     trainer.train();

@@ -45,8 +45,8 @@ Result run(const Problem& p, bool fused, int64_t chunk, bool bf16, double grad_s
   {
     std::optional<mantissa::amp::Autocast> autocast;
     if (bf16) autocast.emplace(c10::kCPU, c10::kBFloat16);
-    r.loss = fused ? mantissa::nn::linear_cross_entropy(p.hidden, p.weight, p.bias, p.targets,
-                                                        -100, chunk)
+    r.loss = fused ? mantissa::nn::linear_cross_entropy(p.hidden, p.weight, p.bias, p.targets, -100,
+                                                        chunk)
                    : F::cross_entropy(F::linear(p.hidden, p.weight, p.bias), p.targets);
   }
   (r.loss * grad_scale).backward();
@@ -137,12 +137,12 @@ TEST(LinearCrossEntropyTest, BadShapesNameWhatIsWrong) {
     return std::string("<no c10::ValueError>");
   };
   using ::testing::HasSubstr;
+  EXPECT_THAT(
+      error([&] { mantissa::nn::linear_cross_entropy(p.hidden, p.weight.t(), {}, p.targets); }),
+      HasSubstr("weight must be [vocab, in] with in = 8"));
   EXPECT_THAT(error([&] {
-                mantissa::nn::linear_cross_entropy(p.hidden, p.weight.t(), {}, p.targets);
-              }),
-              HasSubstr("weight must be [vocab, in] with in = 8"));
-  EXPECT_THAT(error([&] {
-                mantissa::nn::linear_cross_entropy(p.hidden, p.weight, {}, p.targets.narrow(0, 0, 9));
+                mantissa::nn::linear_cross_entropy(p.hidden, p.weight, {},
+                                                   p.targets.narrow(0, 0, 9));
               }),
               HasSubstr("9 targets for 10 rows of hidden"));
   EXPECT_THAT(error([&] {

@@ -1371,9 +1371,9 @@ TEST(TrainingArgumentsTest, LrSchedulerKwargsFromTheCommandLine) {
 
 TEST(TrainingArgumentsTest, GradientCheckpointingFlags) {
   using mantissa::GradientCheckpointingKwargs;
-  const auto a = TrainingArguments::parse(
-      {"--gradient_checkpointing", "--gradient_checkpointing_kwargs",
-       R"({"use_reentrant": true, "preserve_rng_state": false})"});
+  const auto a =
+      TrainingArguments::parse({"--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+                                R"({"use_reentrant": true, "preserve_rng_state": false})"});
   EXPECT_TRUE(a.gradient_checkpointing());
   EXPECT_EQ(a.gradient_checkpointing_kwargs(), (GradientCheckpointingKwargs{true, false}));
   EXPECT_EQ(TrainingArguments::parse({"--gradient_checkpointing_kwargs", "{}"})
@@ -1403,10 +1403,11 @@ TEST(TrainingArgumentsTest, GradientCheckpointingFlags) {
                         "(expected a JSON object such as '{\"use_reentrant\": false}'"));
   EXPECT_THAT(parse_error({"--gradient_checkpointing_kwargs", "[true]"}),
               HasSubstr("--gradient_checkpointing_kwargs: expected a JSON object"));
-  EXPECT_THAT(value_error([] {
-                TrainingArguments::from_json(R"({"gradient_checkpointing_kwargs": {"debug": true}})");
-              }),
-              HasSubstr("gradient_checkpointing_kwargs: unknown key 'debug'"));
+  EXPECT_THAT(
+      value_error([] {
+        TrainingArguments::from_json(R"({"gradient_checkpointing_kwargs": {"debug": true}})");
+      }),
+      HasSubstr("gradient_checkpointing_kwargs: unknown key 'debug'"));
 
   EXPECT_THAT(validate_error(TrainingArguments().gradient_checkpointing(true).cuda_graph(true)),
               HasSubstr("cuda_graph must be false"));

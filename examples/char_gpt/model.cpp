@@ -92,7 +92,8 @@ torch::Tensor CharGptImpl::hidden_states(const torch::Tensor& ids) {
   auto x = wte(ids) + wpe(positions);
   for (const auto& block : *blocks) {
     auto* b = block->as<Block>();
-    x = maybe_checkpoint(is_training(), [b](const torch::Tensor& h) { return b->forward(h); }, x);
+    x = maybe_checkpoint(
+        is_training(), [b](const torch::Tensor& h) { return b->forward(h); }, x);
   }
   return ln_f(x);
 }
@@ -104,10 +105,9 @@ torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
 
 mantissa::ModelOutput CharGptImpl::forward(const mantissa::Batch& batch) {
   if (fused_linear_cross_entropy && batch.contains("labels")) {
-    auto loss = mantissa::nn::linear_cross_entropy(hidden_states(batch.at("input_ids")),
-                                                   wte->weight, /*bias=*/{}, batch.at("labels"),
-                                                   /*ignore_index=*/-100,
-                                                   linear_cross_entropy_chunk_size);
+    auto loss = mantissa::nn::linear_cross_entropy(
+        hidden_states(batch.at("input_ids")), wte->weight, /*bias=*/{}, batch.at("labels"),
+        /*ignore_index=*/-100, linear_cross_entropy_chunk_size);
     return {std::move(loss), torch::Tensor()};
   }
   auto logits = forward(batch.at("input_ids"));

@@ -5,11 +5,11 @@
 #include <optional>
 #include <utility>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -51,7 +51,8 @@ struct AutocastSettings {
 // (also when `fn` throws).
 class AutocastSettingsGuard {
  public:
-  explicit AutocastSettingsGuard(AutocastSettings settings) : previous_(AutocastSettings::current()) {
+  explicit AutocastSettingsGuard(AutocastSettings settings)
+      : previous_(AutocastSettings::current()) {
     settings.cache_enabled = false;
     settings.apply();
   }
@@ -187,8 +188,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 std::vector<at::Tensor> checkpoint(const CheckpointedFunction& fn,
-                                   const std::vector<at::Tensor>& inputs,
-                                   bool preserve_rng_state) {
+                                   const std::vector<at::Tensor>& inputs, bool preserve_rng_state) {
   TORCH_CHECK_VALUE(static_cast<bool>(fn), "checkpoint: the function is empty");
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto state = c10::make_intrusive<CheckpointState>();
@@ -218,7 +218,9 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
   TORCH_CHECK_VALUE(static_cast<bool>(fn), "checkpoint: the function is empty");
   return checkpoint(
       // By value: the backward calls it again after this function has returned.
-      [fn](const std::vector<at::Tensor>& inputs) { return std::vector<at::Tensor>{fn(inputs[0])}; },
+      [fn](const std::vector<at::Tensor>& inputs) {
+        return std::vector<at::Tensor>{fn(inputs[0])};
+      },
       {input}, preserve_rng_state)[0];
 }
 

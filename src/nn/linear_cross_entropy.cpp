@@ -102,13 +102,11 @@ Pass run_chunks(const at::Tensor& hidden2d, const at::Tensor& weight, const at::
   return out;
 }
 
-class LinearCrossEntropyFunction
-    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden2d,
                             const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& targets1d, int64_t ignore_index,
-                            int64_t chunk_size) {
+                            const at::Tensor& targets1d, int64_t ignore_index, int64_t chunk_size) {
     auto pass = run_chunks(hidden2d, weight, bias, targets1d, ignore_index, chunk_size,
                            /*with_grads=*/true);
     ctx->save_for_backward({pass.grad_hidden, pass.grad_weight, pass.grad_bias});
@@ -142,8 +140,8 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   TORCH_CHECK_VALUE(hidden.defined() && hidden.dim() >= 1 && hidden.is_floating_point(),
                     "linear_cross_entropy: hidden must be a floating-point tensor [..., in]");
   TORCH_CHECK_VALUE(weight.defined() && weight.dim() == 2 && weight.size(1) == hidden.size(-1),
-                    "linear_cross_entropy: weight must be [vocab, in] with in = ",
-                    hidden.size(-1), " (hidden's last size), got ",
+                    "linear_cross_entropy: weight must be [vocab, in] with in = ", hidden.size(-1),
+                    " (hidden's last size), got ",
                     weight.defined() ? weight.sizes() : at::IntArrayRef{});
   TORCH_CHECK_VALUE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
                     "linear_cross_entropy: bias must be [vocab] = [", weight.size(0), "], got ",
@@ -154,13 +152,16 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   const auto in_features = hidden.size(-1);
   const auto hidden2d = hidden.reshape({-1, in_features});
   const auto targets1d = targets.reshape({-1}).to(at::kLong);
-  TORCH_CHECK_VALUE(targets1d.size(0) == hidden2d.size(0), "linear_cross_entropy: ",
-                    targets1d.size(0), " targets for ", hidden2d.size(0), " rows of hidden");
-  TORCH_CHECK_VALUE(chunk_size >= 0, "linear_cross_entropy: chunk_size must be >= 0 (0 picks "
-                    "one), got ", chunk_size);
+  TORCH_CHECK_VALUE(targets1d.size(0) == hidden2d.size(0),
+                    "linear_cross_entropy: ", targets1d.size(0), " targets for ", hidden2d.size(0),
+                    " rows of hidden");
+  TORCH_CHECK_VALUE(chunk_size >= 0,
+                    "linear_cross_entropy: chunk_size must be >= 0 (0 picks "
+                    "one), got ",
+                    chunk_size);
   const bool needs_grad =
-      at::GradMode::is_enabled() &&
-      (hidden.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+      at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad() ||
+                                     (bias.defined() && bias.requires_grad()));
   if (!needs_grad) {
     return run_chunks(hidden2d, weight, bias, targets1d, ignore_index, chunk_size,
                       /*with_grads=*/false)

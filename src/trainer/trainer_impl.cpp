@@ -144,8 +144,8 @@ void Trainer::Impl::enable_gradient_checkpointing() {
                     "mantissa::nn::SupportsGradientCheckpointing and run its blocks through "
                     "maybe_checkpoint (docs/trainer.md, \"Saving memory\"); or train without "
                     "--gradient_checkpointing");
-  model->gradient_checkpointing_enable(args_.gradient_checkpointing_kwargs().value_or(
-      GradientCheckpointingKwargs{}));
+  model->gradient_checkpointing_enable(
+      args_.gradient_checkpointing_kwargs().value_or(GradientCheckpointingKwargs{}));
 }
 
 void Trainer::Impl::check_output_dir(bool resuming) const {
