@@ -40,8 +40,9 @@ struct BlocksImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointi
   }
   torch::Tensor forward(torch::Tensor x) {
     for (auto& block : blocks) {
+      auto* impl = block.get();
       x = maybe_checkpoint(
-          is_training(), [block](const torch::Tensor& h) { return block(h); }, x);
+          is_training(), [impl](const torch::Tensor& h) { return impl->forward(h); }, x);
     }
     return x;
   }

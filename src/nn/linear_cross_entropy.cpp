@@ -1,6 +1,7 @@
 #include <mantissa/nn/linear_cross_entropy.h>
 
 #include <algorithm>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -104,9 +105,12 @@ Pass run_chunks(const at::Tensor& hidden2d, const at::Tensor& weight, const at::
 
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
+  // `bias` is optional: an undefined tensor cannot be an input of a custom Function.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden2d,
-                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& weight,
+                            const std::optional<at::Tensor>& optional_bias,
                             const at::Tensor& targets1d, int64_t ignore_index, int64_t chunk_size) {
+    const at::Tensor bias = optional_bias.value_or(at::Tensor());
     auto pass = run_chunks(hidden2d, weight, bias, targets1d, ignore_index, chunk_size,
                            /*with_grads=*/true);
     ctx->save_for_backward({pass.grad_hidden, pass.grad_weight, pass.grad_bias});
@@ -167,8 +171,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                       /*with_grads=*/false)
         .loss;
   }
-  return LinearCrossEntropyFunction::apply(hidden2d, weight, bias, targets1d, ignore_index,
-                                           chunk_size);
+  return LinearCrossEntropyFunction::apply(
+      hidden2d, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, targets1d,
+      ignore_index, chunk_size);
 }
 
 }  // namespace mantissa::nn
