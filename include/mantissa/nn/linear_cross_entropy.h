@@ -27,8 +27,10 @@ namespace mantissa::nn {
 /// in float32: they happen before the loss scale is known, and fp16 would flush the small
 /// gradients of a large vocabulary to zero.
 ///
-/// `chunk_size` rows per chunk; 0 picks Liger's size: N / ceil(vocab / in) rounded up to a
-/// power of two, so that a chunk's logits are about the size of `hidden`. A target outside
+/// `chunk_size` rows per chunk; 0 picks the larger of Liger's size (N / ceil(vocab / in): a
+/// chunk's logits about the size of `hidden`) and the rows whose float32 logits fill 128 MiB,
+/// as a power of two (512 rows at vocab 50257), at most N. Each chunk adds its product into
+/// the whole weight gradient, so small chunks cost time (BENCHMARKS.md). A target outside
 /// [0, vocab) other than `ignore_index` fails as in PyTorch (an error on the CPU, a device-side
 /// assert on CUDA). Bad shapes or dtypes raise `c10::ValueError` naming them. No host sync.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
