@@ -152,14 +152,26 @@ TEST(GradientCheckpointingTest, WithoutGradModeItIsThePlainCall) {
   EXPECT_FALSE(out.requires_grad());
 }
 
-TEST(GradientCheckpointingTest, AnIntegerOutputIsRefused) {
+TEST(GradientCheckpointingTest, AnIntegerOutputAndAnUndefinedInputAreRefused) {
+  auto error = [](auto&& f) {
+    try {
+      f();
+    } catch (const c10::ValueError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("<no c10::ValueError>");
+  };
   auto x = torch::randn({3}).requires_grad_(true);
-  try {
-    mantissa::nn::checkpoint([](const torch::Tensor& t) { return t.argmax(); }, x);
-    FAIL() << "no error";
-  } catch (const c10::ValueError& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("every output must be floating point"));
-  }
+  EXPECT_THAT(error([&] {
+                mantissa::nn::checkpoint([](const torch::Tensor& t) { return t.argmax(); }, x);
+              }),
+              HasSubstr("every output must be floating point"));
+  EXPECT_THAT(error([&] {
+                mantissa::nn::checkpoint(
+                    [](const std::vector<torch::Tensor>& in) { return std::vector{in[0] * 2}; },
+                    {x, torch::Tensor()});
+              }),
+              HasSubstr("checkpoint: input 1 is an undefined tensor"));
 }
 
 // ---- the Trainer -----------------------------------------------------------------------------

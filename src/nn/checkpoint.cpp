@@ -38,6 +38,12 @@ struct AutocastSettings {
     s.cache_enabled = at::autocast::is_autocast_cache_enabled();
     return s;
   }
+  // These settings with the cast cache off: how `fn` runs, both times.
+  AutocastSettings for_fn() const {
+    AutocastSettings out = *this;
+    out.cache_enabled = false;
+    return out;
+  }
   void apply() const {
     at::autocast::set_autocast_enabled(c10::kCPU, cpu_enabled);
     at::autocast::set_autocast_dtype(c10::kCPU, cpu_dtype);
@@ -45,23 +51,6 @@ struct AutocastSettings {
     at::autocast::set_autocast_dtype(c10::kCUDA, cuda_dtype);
     at::autocast::set_autocast_cache_enabled(cache_enabled);
   }
-};
-
-// Sets `settings` with the cast cache off for its lifetime, then puts back what was there
-// (also when `fn` throws).
-class AutocastSettingsGuard {
- public:
-  explicit AutocastSettingsGuard(AutocastSettings settings)
-      : previous_(AutocastSettings::current()) {
-    settings.cache_enabled = false;
-    settings.apply();
-  }
-  ~AutocastSettingsGuard() { previous_.apply(); }
-  AutocastSettingsGuard(const AutocastSettingsGuard&) = delete;
-  AutocastSettingsGuard& operator=(const AutocastSettingsGuard&) = delete;
-
- private:
-  AutocastSettings previous_;
 };
 
 // The states of the CPU generator and of the CUDA generators of some devices.
@@ -74,7 +63,7 @@ struct RngStates {
     for (const auto& device : cuda_devices) out.add(at::globalContext().defaultGenerator(device));
     return out;
   }
-  void restore() const {
+  void apply() const {
     for (const auto& [generator, state] : states) {
       at::Generator gen = generator;  // a handle on the same generator, not const
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -89,19 +78,18 @@ struct RngStates {
   }
 };
 
-// Puts the generators in `forward_states` for its lifetime, and back where they were after.
-class RngFork {
+// Puts back, at the end of its scope, the settings or states read when it was made (also when
+// `fn` throws): an AutocastSettings or RngStates.
+template <class Saved>
+class RestoreAtExit {
  public:
-  RngFork(const RngStates& forward_states, const std::vector<c10::Device>& cuda_devices)
-      : outside_(RngStates::capture(cuda_devices)) {
-    forward_states.restore();
-  }
-  ~RngFork() { outside_.restore(); }
-  RngFork(const RngFork&) = delete;
-  RngFork& operator=(const RngFork&) = delete;
+  explicit RestoreAtExit(Saved saved) : saved_(std::move(saved)) {}
+  ~RestoreAtExit() { saved_.apply(); }
+  RestoreAtExit(const RestoreAtExit&) = delete;
+  RestoreAtExit& operator=(const RestoreAtExit&) = delete;
 
  private:
-  RngStates outside_;
+  Saved saved_;
 };
 
 // What the backward needs besides the inputs: the function, and the settings of the first run.
@@ -126,7 +114,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + state->num_inputs);
     variable_list outputs;
     {
-      AutocastSettingsGuard autocast(state->autocast);
+      RestoreAtExit<AutocastSettings> restore_autocast(AutocastSettings::current());
+      state->autocast.for_fn().apply();
       outputs = state->fn(inputs);
     }
     for (const auto& output : outputs) {
@@ -147,19 +136,20 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<at::Tensor> inputs;
     inputs.reserve(saved.size());
     for (std::size_t i = 0; i < saved.size(); ++i) {
-      if (!saved[i].defined()) {
-        inputs.push_back(saved[i]);
-        continue;
-      }
       auto input = saved[i].detach();
       input.requires_grad_(ctx->needs_input_grad(i));
       inputs.push_back(std::move(input));
     }
     variable_list outputs;
     {
-      std::optional<RngFork> fork;
-      if (state->preserve_rng_state) fork.emplace(state->rng, state->cuda_devices);
-      AutocastSettingsGuard autocast(state->autocast);
+      // Fork the generators: the forward's states for the recompute, the caller's after it.
+      std::optional<RestoreAtExit<RngStates>> restore_rng;
+      if (state->preserve_rng_state) {
+        restore_rng.emplace(RngStates::capture(state->cuda_devices));
+        state->rng.apply();
+      }
+      RestoreAtExit<AutocastSettings> restore_autocast(AutocastSettings::current());
+      state->autocast.for_fn().apply();
       at::AutoGradMode grad_mode(true);
       outputs = state->fn(inputs);
     }
@@ -177,7 +167,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
     variable_list grads(state->num_inputs);
     for (std::size_t i = 0; i < state->num_inputs; ++i) {
-      if (inputs[i].defined() && inputs[i].requires_grad()) grads[i] = inputs[i].grad();
+      if (inputs[i].requires_grad()) grads[i] = inputs[i].grad();
     }
     // The placeholder tensor, when there is one, and the state argument get no gradient.
     grads.resize(state->num_tensors + 1);
@@ -196,8 +186,10 @@ std::vector<at::Tensor> checkpoint(const CheckpointedFunction& fn,
   state->num_inputs = inputs.size();
   state->preserve_rng_state = preserve_rng_state;
   bool any_requires_grad = false;
-  for (const auto& input : inputs) {
-    if (!input.defined()) continue;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& input = inputs[i];
+    // A custom Function takes no undefined tensor among its inputs.
+    TORCH_CHECK_VALUE(input.defined(), "checkpoint: input ", i, " is an undefined tensor");
     any_requires_grad = any_requires_grad || input.requires_grad();
     const auto device = input.device();
     if (device.is_cuda() && std::find(state->cuda_devices.begin(), state->cuda_devices.end(),

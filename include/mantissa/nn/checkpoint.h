@@ -27,7 +27,8 @@ using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::ve
 ///
 /// The parameters `fn` uses get their gradients from the recompute's own backward (they
 /// accumulate into `.grad`, as with the reentrant variant); they do so even when no input
-/// requires grad. Outputs must be floating point. With grad mode off (evaluation) this is
+/// requires grad. Inputs must be defined tensors, outputs floating point (else
+/// `c10::ValueError`). With grad mode off (evaluation) this is
 /// `fn(inputs)`. `fn` must compute the same thing both times: no side effects that differ
 /// between the runs. Not for `torch::autograd::grad` (use `backward`), nor inside a CUDA graph
 /// capture (the generators' states cannot be read there). No host sync beyond reading the
