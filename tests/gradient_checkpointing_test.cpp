@@ -13,6 +13,7 @@
 #include <mantissa/trainer.h>
 
 #include "toy_training.h"
+#include "value_error.h"
 
 namespace {
 
@@ -153,14 +154,7 @@ TEST(GradientCheckpointingTest, WithoutGradModeItIsThePlainCall) {
 }
 
 TEST(GradientCheckpointingTest, AnIntegerOutputAndAnUndefinedInputAreRefused) {
-  auto error = [](auto&& f) {
-    try {
-      f();
-    } catch (const c10::ValueError& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("<no c10::ValueError>");
-  };
+  const auto error = mantissa_test::value_error_of;
   auto x = torch::randn({3}).requires_grad_(true);
   EXPECT_THAT(error([&] {
                 mantissa::nn::checkpoint([](const torch::Tensor& t) { return t.argmax(); }, x);

@@ -9,6 +9,8 @@
 #include <mantissa/amp/autocast.h>
 #include <mantissa/nn/linear_cross_entropy.h>
 
+#include "value_error.h"
+
 namespace {
 
 namespace F = torch::nn::functional;
@@ -128,14 +130,7 @@ TEST(LinearCrossEntropyTest, WithoutGradItOnlyComputesTheLoss) {
 
 TEST(LinearCrossEntropyTest, BadShapesNameWhatIsWrong) {
   const auto p = make_problem(10, 8, 13, /*with_bias=*/false, /*ignore_every=*/0);
-  auto error = [](auto&& f) {
-    try {
-      f();
-    } catch (const c10::ValueError& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("<no c10::ValueError>");
-  };
+  const auto error = mantissa_test::value_error_of;
   using ::testing::HasSubstr;
   EXPECT_THAT(
       error([&] { mantissa::nn::linear_cross_entropy(p.hidden, p.weight.t(), {}, p.targets); }),
