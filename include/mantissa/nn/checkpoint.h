@@ -27,12 +27,12 @@ using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::ve
 ///
 /// The parameters `fn` uses get their gradients from the recompute's own backward (they
 /// accumulate into `.grad`, as with the reentrant variant); they do so even when no input
-/// requires grad. Inputs must be defined tensors, outputs floating point (else
-/// `c10::ValueError`). With grad mode off (evaluation) this is
-/// `fn(inputs)`. `fn` must compute the same thing both times: no side effects that differ
-/// between the runs. Not for `torch::autograd::grad` (use `backward`), nor inside a CUDA graph
-/// capture (the generators' states cannot be read there). No host sync beyond reading the
-/// generators' states.
+/// requires grad. Other tensors `fn` uses must be leaves (parameters): the recompute's
+/// backward would run into the graph outside `fn`. Inputs must be defined tensors, outputs floating
+/// point (else `c10::ValueError`). With grad mode off (evaluation) this is `fn(inputs)`. `fn` must
+/// compute the same thing both times: no side effects that differ between the runs. Not for
+/// `torch::autograd::grad` (use `backward`), nor inside a CUDA graph capture (the generators'
+/// states cannot be read there). No host sync beyond reading the generators' states.
 std::vector<at::Tensor> checkpoint(const CheckpointedFunction& fn,
                                    const std::vector<at::Tensor>& inputs,
                                    bool preserve_rng_state = true);
