@@ -38,15 +38,17 @@ struct Result {
   std::vector<torch::Tensor> grads;
 };
 
-// The loss times `grad_scale` backpropagated (a stand-in for a loss scale), and the gradients.
-Result run(const Problem& p, bool fused, int64_t chunk, bool bf16, double grad_scale = 1.0) {
+// The loss times `grad_scale` backpropagated (a stand-in for a loss scale), and the gradients;
+// under autocast to `autocast_dtype` unless it is float32.
+Result run(const Problem& p, bool fused, int64_t chunk, c10::ScalarType autocast_dtype,
+           double grad_scale = 1.0) {
   for (auto t : {p.hidden, p.weight, p.bias}) {
     if (t.defined() && t.grad().defined()) t.mutable_grad().reset();
   }
   Result r;
   {
     std::optional<mantissa::amp::Autocast> autocast;
-    if (bf16) autocast.emplace(c10::kCPU, c10::kBFloat16);
+    if (autocast_dtype != torch::kFloat) autocast.emplace(c10::kCPU, autocast_dtype);
     r.loss = fused ? mantissa::nn::linear_cross_entropy(p.hidden, p.weight, p.bias, p.targets, -100,
                                                         chunk)
                    : F::cross_entropy(F::linear(p.hidden, p.weight, p.bias), p.targets);
@@ -75,27 +77,47 @@ void expect_close(const Result& want, const Result& got, double rtol, double ato
 
 TEST(LinearCrossEntropyTest, MatchesTheUnfusedPairInFp32) {
   const auto p = make_problem(50, 24, 155, /*with_bias=*/true, /*ignore_every=*/7);
-  const auto want = run(p, false, 0, false);
+  const auto want = run(p, false, 0, torch::kFloat);
   for (int64_t chunk : {0, 1, 8, 50, 64}) {
     SCOPED_TRACE("chunk_size " + std::to_string(chunk));
-    expect_close(want, run(p, true, chunk, false), 1e-5, 1e-7);
+    expect_close(want, run(p, true, chunk, torch::kFloat), 1e-5, 1e-7);
   }
 }
 
 TEST(LinearCrossEntropyTest, ScalesItsSavedGradientsByTheLossGradient) {
   const auto p = make_problem(40, 16, 97, /*with_bias=*/false, /*ignore_every=*/0);
-  expect_close(run(p, false, 0, false, 1024.0), run(p, true, 16, false, 1024.0), 1e-5, 1e-5);
+  expect_close(run(p, false, 0, torch::kFloat, 1024.0), run(p, true, 16, torch::kFloat, 1024.0),
+               1e-5, 1e-5);
 }
 
 TEST(LinearCrossEntropyTest, MatchesTheUnfusedPairUnderBf16Autocast) {
   const auto p = make_problem(64, 32, 155, /*with_bias=*/true, /*ignore_every=*/5);
-  const auto want = run(p, false, 0, true);
-  const auto got = run(p, true, 16, true);
+  const auto want = run(p, false, 0, torch::kBFloat16);
+  const auto got = run(p, true, 16, torch::kBFloat16);
   // The logits are bf16 in both; the chunks add their weight gradients in float32.
   expect_close(want, got, 2e-2, 2e-3);
   // And both are near the float32 answer only within bf16's precision: the GEMM did run in bf16.
-  const auto fp32 = run(p, false, 0, false);
+  const auto fp32 = run(p, false, 0, torch::kFloat);
   EXPECT_FALSE(torch::equal(got.grads[1], fp32.grads[1]));
+}
+
+TEST(LinearCrossEntropyTest, KeepsSmallGradientsUnderFp16AutocastWithALossScale) {
+  // 8192 rows over vocab 2048, every target among the first 16 words: the weight gradient of
+  // the other words is made only of softmax / rows, about 6e-8, fp16's smallest subnormal. The
+  // pair keeps those because the loss scale multiplies them first; the fused loss computes its
+  // gradients before it knows the scale, so it must do so in float32 to be as accurate.
+  auto p = make_problem(8192, 16, 2048, /*with_bias=*/false, /*ignore_every=*/0);
+  p.targets = torch::randint(16, {8192}, torch::kLong);
+  const auto exact = run(p, false, 0, torch::kFloat, 65536.0);
+  const auto pair = run(p, false, 0, torch::kHalf, 65536.0);
+  const auto got = run(p, true, 1024, torch::kHalf, 65536.0);
+  EXPECT_TRUE(torch::allclose(got.loss, pair.loss.to(torch::kFloat), 1e-3, 1e-3));
+  auto relative_error = [&](const Result& r) {
+    const auto untargeted = [](const Result& x) { return x.grads[1].narrow(0, 16, 2048 - 16); };
+    return ((untargeted(r) - untargeted(exact)).norm() / untargeted(exact).norm()).item<double>();
+  };
+  EXPECT_LE(relative_error(got), 2 * relative_error(pair) + 1e-4)
+      << "the pair's relative error is " << relative_error(pair);
 }
 
 TEST(LinearCrossEntropyTest, KeepsTheLeadingShapeOfHidden) {
@@ -110,8 +132,8 @@ TEST(LinearCrossEntropyTest, KeepsTheLeadingShapeOfHidden) {
 
 TEST(LinearCrossEntropyTest, EveryRowIgnoredGivesNanAndZeroGradientsAsPyTorch) {
   auto p = make_problem(6, 8, 11, /*with_bias=*/true, /*ignore_every=*/1);
-  const auto want = run(p, false, 0, false);
-  const auto got = run(p, true, 2, false);
+  const auto want = run(p, false, 0, torch::kFloat);
+  const auto got = run(p, true, 2, torch::kFloat);
   EXPECT_TRUE(std::isnan(want.loss.item<double>()));
   EXPECT_TRUE(std::isnan(got.loss.item<double>()));
   for (std::size_t i = 0; i < got.grads.size(); ++i) {

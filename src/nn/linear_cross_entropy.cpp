@@ -57,9 +57,10 @@ struct Pass {
 Pass run_chunks(const at::Tensor& hidden2d, const at::Tensor& weight, const at::Tensor& bias,
                 const at::Tensor& targets1d, int64_t ignore_index, int64_t chunk_size,
                 bool with_grads) {
+  // Read before the guard: with autocast's keys excluded, autocast reads as off.
+  const auto dtypes = dtypes_of(hidden2d);
   // The casts and matmuls below are chosen here, not by autocast.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const auto dtypes = dtypes_of(hidden2d);
   const int64_t rows = hidden2d.size(0);
   const int64_t vocab = weight.size(0);
   const auto weight_c = weight.to(dtypes.compute);
