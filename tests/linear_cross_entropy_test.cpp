@@ -99,6 +99,10 @@ TEST(LinearCrossEntropyTest, MatchesTheUnfusedPairUnderBf16Autocast) {
   // And both are near the float32 answer only within bf16's precision: the GEMM did run in bf16.
   const auto fp32 = run(p, false, 0, torch::kFloat);
   EXPECT_FALSE(torch::equal(got.grads[1], fp32.grads[1]));
+  // The logits are the bf16 ones: the loss is much nearer the pair's than float32's.
+  const double to_pair = (got.loss - want.loss.to(torch::kFloat)).abs().item<double>();
+  const double fp32_to_pair = (fp32.loss - want.loss.to(torch::kFloat)).abs().item<double>();
+  EXPECT_LT(to_pair, 0.1 * fp32_to_pair) << "float32 is " << fp32_to_pair << " from the pair";
 }
 
 TEST(LinearCrossEntropyTest, KeepsSmallGradientsUnderFp16AutocastWithALossScale) {
