@@ -17,6 +17,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/optim/fused_adamw.h
   include/mantissa/io/safetensors.h
   include/mantissa/lr_scheduler_kwargs.h
+  include/mantissa/gradient_checkpointing_kwargs.h
   include/mantissa/lr_scheduler.h
   include/mantissa/clip_grad.h
   include/mantissa/batch.h
@@ -36,6 +37,9 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/fp8/float8_linear.h
   include/mantissa/fp8/convert.h
   include/mantissa/nn/multihead_attention.h
+  include/mantissa/nn/checkpoint.h
+  include/mantissa/nn/supports_gradient_checkpointing.h
+  include/mantissa/nn/linear_cross_entropy.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -44,6 +48,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp
   src/training_arguments/lr_scheduler_kwargs_json.cpp
+  src/training_arguments/gradient_checkpointing_kwargs_json.cpp
   src/training_arguments/fsdp_checks.cpp
   src/training_arguments/reporting_checks.cpp
   src/training_arguments/validate.cpp
@@ -67,6 +72,8 @@ set(MANTISSA_CXX_SOURCES
   src/lr_scheduler.cpp
   src/clip_grad.cpp
   src/nn/multihead_attention.cpp
+  src/nn/checkpoint.cpp
+  src/nn/linear_cross_entropy.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
   src/trainer/progress.cpp

@@ -209,7 +209,9 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.fp8_amax_compute_algo(), mantissa::fp8::AmaxComputeAlgo::kMax);
   EXPECT_EQ(a.fp8_margin(), 0);
   EXPECT_EQ(a.fp8_format(), mantissa::fp8::Float8Format::kHybrid);
-  EXPECT_EQ(field_names().size(), 74u) << "a field was added or removed: update this test, "
+  EXPECT_FALSE(a.gradient_checkpointing());
+  EXPECT_FALSE(a.gradient_checkpointing_kwargs().has_value());
+  EXPECT_EQ(field_names().size(), 76u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -361,7 +363,11 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--eval_steps", "5", "--ddp_backend", "gloo", "--ddp_timeout", "60",
       "--ddp_find_unused_parameters", "false", "--ddp_bucket_cap_mb", "50",
       "--ddp_broadcast_buffers", "false", "--ddp_comm_hook", "bf16_compress", "--save_on_each_node", "--log_on_each_node", "false",
-      "--fsdp", "no_shard", "--fsdp_config", "{\"version\": 2}"};
+      "--fsdp", "no_shard", "--fsdp_config", "{\"version\": 2}",
+      // Both lines hold a flag (cuda_graph, fp8) that refuses checkpointing: the true value is
+      // tested in GradientCheckpointingFlags.
+      "--gradient_checkpointing", "false",
+      "--gradient_checkpointing_kwargs", "{\"use_reentrant\": false}"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -450,6 +456,9 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_FALSE(b.log_on_each_node());
   EXPECT_EQ(b.fsdp(), "no_shard");
   EXPECT_EQ(b.fsdp_config(), std::optional<std::string>("{\"version\": 2}"));
+  EXPECT_FALSE(b.gradient_checkpointing());
+  EXPECT_EQ(b.gradient_checkpointing_kwargs(),
+            mantissa::GradientCheckpointingKwargs{/*use_reentrant=*/false});
 }
 
 TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
@@ -1358,6 +1367,55 @@ TEST(TrainingArgumentsTest, LrSchedulerKwargsFromTheCommandLine) {
   EXPECT_THAT(parse_error({"--lr_scheduler_type", "inverse_sqrt", "--lr_scheduler_kwargs",
                            R"({"timescale": 0})"}),
               HasSubstr("timescale of the inverse_sqrt schedule must be at least 1"));
+}
+
+TEST(TrainingArgumentsTest, GradientCheckpointingFlags) {
+  using mantissa::GradientCheckpointingKwargs;
+  const auto a =
+      TrainingArguments::parse({"--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+                                R"({"use_reentrant": true, "preserve_rng_state": false})"});
+  EXPECT_TRUE(a.gradient_checkpointing());
+  EXPECT_EQ(a.gradient_checkpointing_kwargs(), (GradientCheckpointingKwargs{true, false}));
+  EXPECT_EQ(TrainingArguments::parse({"--gradient_checkpointing_kwargs", "{}"})
+                .gradient_checkpointing_kwargs(),
+            GradientCheckpointingKwargs{});
+  EXPECT_FALSE(TrainingArguments::parse({"--gradient_checkpointing_kwargs", "None"})
+                   .gradient_checkpointing_kwargs()
+                   .has_value());
+  // training_args.json holds an object, as HF writes the dict, and reads it back.
+  const auto json = a.to_json();
+  EXPECT_THAT(json, HasSubstr(R"("gradient_checkpointing_kwargs": {
+    "use_reentrant": true,
+    "preserve_rng_state": false
+  })"));
+  EXPECT_EQ(TrainingArguments::from_json(json), a);
+  EXPECT_EQ(TrainingArguments::from_json(R"({"gradient_checkpointing_kwargs": null})"),
+            TrainingArguments());
+  EXPECT_THAT(TrainingArguments::help_text(), HasSubstr("--gradient_checkpointing_kwargs JSON"));
+
+  EXPECT_THAT(parse_error({"--gradient_checkpointing_kwargs", R"({"use_reentrant": 1})"}),
+              HasSubstr("--gradient_checkpointing_kwargs: 'use_reentrant' must be true or false, "
+                        "got 1"));
+  EXPECT_THAT(parse_error({"--gradient_checkpointing_kwargs", R"({"context_fn": "x"})"}),
+              HasSubstr("--gradient_checkpointing_kwargs: unknown key 'context_fn'"));
+  EXPECT_THAT(parse_error({"--gradient_checkpointing_kwargs", "use_reentrant=False"}),
+              HasSubstr("--gradient_checkpointing_kwargs: invalid value 'use_reentrant=False' "
+                        "(expected a JSON object such as '{\"use_reentrant\": false}'"));
+  EXPECT_THAT(parse_error({"--gradient_checkpointing_kwargs", "[true]"}),
+              HasSubstr("--gradient_checkpointing_kwargs: expected a JSON object"));
+  EXPECT_THAT(
+      value_error([] {
+        TrainingArguments::from_json(R"({"gradient_checkpointing_kwargs": {"debug": true}})");
+      }),
+      HasSubstr("gradient_checkpointing_kwargs: unknown key 'debug'"));
+
+  EXPECT_THAT(validate_error(TrainingArguments().gradient_checkpointing(true).cuda_graph(true)),
+              HasSubstr("cuda_graph must be false"));
+  EXPECT_THAT(validate_error(TrainingArguments().gradient_checkpointing(true).fp8(true).bf16(true)),
+              HasSubstr("gradient_checkpointing with fp8"));
+  EXPECT_EQ(validate_error(TrainingArguments().cuda_graph(true).gradient_checkpointing_kwargs(
+                GradientCheckpointingKwargs{})),
+            "<no exception>");
 }
 
 TEST(TrainingArgumentsTest, LrSchedulerKwargsJsonRoundTrip) {

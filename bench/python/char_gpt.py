@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=128, block_size=128),
@@ -66,6 +67,7 @@ class CharGpt(nn.Module):
         self.wpe = nn.Embedding(block_size, n_embd)
         self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
+        self.gradient_checkpointing = False  # HF's flag; --gradient_checkpointing sets it
         residual_std = 0.02 / math.sqrt(2 * n_layer)
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -77,7 +79,11 @@ class CharGpt(nn.Module):
     def forward(self, ids):
         x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
-            x = block(x)
+            if self.gradient_checkpointing and self.training:
+                # The reentrant variant, as mantissa::nn::checkpoint recomputes.
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)
+            else:
+                x = block(x)
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
@@ -108,6 +114,8 @@ def main():
     parser.add_argument("--optimizer", default="fused", choices=["fused", "for-loop"],
                         help="torch.optim.AdamW(fused=True) or its per-tensor loop (foreach=False)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    parser.add_argument("--gradient_checkpointing", action="store_true",
+                        help="recompute each block in the backward (torch.utils.checkpoint)")
     args = parser.parse_args()
 
     if args.threads > 0:
@@ -120,6 +128,7 @@ def main():
     config = PRESETS[args.model_size]
     block = config["block_size"]
     model = CharGpt(vocab_size, **config).to(device)
+    model.gradient_checkpointing = args.gradient_checkpointing
     n_params = sum(p.numel() for p in model.parameters())
 
     # HF's split: decay for >= 2-d weights only.
@@ -176,8 +185,8 @@ def main():
         "impl": "pytorch-python", "model_size": args.model_size, "precision": args.precision,
         "device": str(device), "params": n_params, "batch_size": args.batch_size, "block_size": block,
         "steps": args.steps, "median_step_s": seconds, "tokens_per_second": args.batch_size * block / seconds,
-        "last_loss": loss.item(), "torch": torch.__version__, "optimizer": args.optimizer,
-        "threads": torch.get_num_threads(),
+        "last_loss": loss.item(), "gradient_checkpointing": args.gradient_checkpointing,
+        "torch": torch.__version__, "optimizer": args.optimizer, "threads": torch.get_num_threads(),
     }))
 
 

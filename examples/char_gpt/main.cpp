@@ -48,6 +48,8 @@ struct ProgramFlags {
   std::string model_size = "tiny";
   std::int64_t sample_chars = 200;
   std::string model_dtype = "fp32";
+  bool fused_linear_cross_entropy = false;
+  std::int64_t linear_cross_entropy_chunk_size = 0;
   GptConfig overrides;  // applied only for the flags given
   CLI::Option* n_layer = nullptr;
   CLI::Option* n_head = nullptr;
@@ -74,6 +76,12 @@ struct ProgramFlags {
                             "Embedding width (default: from --model_size)");
     block_size = app.add_option("--block_size", overrides.block_size,
                                 "Context length (default: from --model_size)");
+    app.add_flag("--fused_linear_cross_entropy", fused_linear_cross_entropy,
+                 "Compute the loss with the LM head in chunks of rows "
+                 "(mantissa::nn::linear_cross_entropy), never holding all the logits");
+    app.add_option("--linear_cross_entropy_chunk_size", linear_cross_entropy_chunk_size,
+                   "Rows per chunk of --fused_linear_cross_entropy (0 = chosen from the sizes)")
+        ->capture_default_str();
     app.add_option("--sample_chars", sample_chars,
                    "Characters to generate after training (0 = none)")
         ->capture_default_str();
@@ -126,7 +134,12 @@ int main(int argc, char** argv) try {
       "); use more text (--max_corpus_chars), a larger --val_fraction or a smaller --block_size");
 
   torch::manual_seed(static_cast<std::uint64_t>(args.seed()));
+  TORCH_CHECK_VALUE(flags.linear_cross_entropy_chunk_size >= 0,
+                    "linear_cross_entropy_chunk_size must be >= 0, got ",
+                    flags.linear_cross_entropy_chunk_size);
   CharGpt model(config);
+  model->fused_linear_cross_entropy = flags.fused_linear_cross_entropy;
+  model->linear_cross_entropy_chunk_size = flags.linear_cross_entropy_chunk_size;
   model->to(mantissa::examples::model_dtype_of(flags.model_dtype));
   std::int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/nn/linear_cross_entropy.h>
+
 namespace mantissa::examples {
 
 GptConfig GptConfig::preset(const std::string& name) {
@@ -82,18 +84,32 @@ CharGptImpl::CharGptImpl(const GptConfig& cfg) : config(cfg) {
   }
 }
 
-torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
+torch::Tensor CharGptImpl::hidden_states(const torch::Tensor& ids) {
   const auto time = ids.size(1);
   TORCH_CHECK_VALUE(time <= config.block_size, "sequence of ", time,
                     " tokens is longer than block_size ", config.block_size);
   auto positions = torch::arange(time, ids.options().dtype(torch::kLong));
   auto x = wte(ids) + wpe(positions);
-  for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+  for (const auto& block : *blocks) {
+    auto* b = block->as<Block>();
+    x = maybe_checkpoint(
+        is_training(), [b](const torch::Tensor& h) { return b->forward(h); }, x);
+  }
+  return ln_f(x);
+}
+
+torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
   // The LM head shares the token embedding's weight (GPT-2's weight tying).
-  return torch::nn::functional::linear(ln_f(x), wte->weight);
+  return torch::nn::functional::linear(hidden_states(ids), wte->weight);
 }
 
 mantissa::ModelOutput CharGptImpl::forward(const mantissa::Batch& batch) {
+  if (fused_linear_cross_entropy && batch.contains("labels")) {
+    auto loss = mantissa::nn::linear_cross_entropy(
+        hidden_states(batch.at("input_ids")), wte->weight, /*bias=*/{}, batch.at("labels"),
+        /*ignore_index=*/-100, linear_cross_entropy_chunk_size);
+    return {std::move(loss), torch::Tensor()};
+  }
   auto logits = forward(batch.at("input_ids"));
   if (!batch.contains("labels")) return logits;
   const auto& labels = batch.at("labels");

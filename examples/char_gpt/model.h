@@ -17,6 +17,7 @@
 #include <mantissa/batch.h>
 #include <mantissa/fp8/float8_linear.h>
 #include <mantissa/model_output.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 
 namespace mantissa::examples {
 
@@ -63,18 +64,27 @@ TORCH_MODULE(Block);
 
 /// The language model. `forward(ids [batch, time])` returns logits [batch, time, vocab_size].
 /// Weights start as GPT-2's: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer).
-struct CharGptImpl : torch::nn::Module {
+/// With `gradient_checkpointing_enable()` (the Trainer's `--gradient_checkpointing`) each
+/// block runs through `mantissa::nn::checkpoint` in training.
+struct CharGptImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing {
   explicit CharGptImpl(const GptConfig& config);
   torch::Tensor forward(const torch::Tensor& ids);
+  /// The LM head's input: the blocks' output after ln_f, [batch, time, n_embd].
+  torch::Tensor hidden_states(const torch::Tensor& ids);
   /// What the Trainer calls, as HF's `GPT2LMHeadModel(**batch)`: the logits of
   /// `batch["input_ids"]` and, when the batch has `labels` (the next token at each position),
-  /// their mean cross-entropy as the loss.
+  /// their mean cross-entropy as the loss. With `fused_linear_cross_entropy` and labels, the
+  /// loss comes from `mantissa::nn::linear_cross_entropy` and no logits are returned.
   mantissa::ModelOutput forward(const mantissa::Batch& batch);
   /// Appends `count` tokens sampled at `temperature` from the model to `context` ([1, time]
   /// ids), cropping the context to the last block_size tokens. No grad; the model's device.
   torch::Tensor generate(torch::Tensor context, std::int64_t count, double temperature = 1.0);
 
   GptConfig config;
+  /// Compute the loss with the LM head in chunks of rows, never holding all the logits.
+  bool fused_linear_cross_entropy = false;
+  /// Rows per chunk of the fused loss; 0 lets linear_cross_entropy choose.
+  std::int64_t linear_cross_entropy_chunk_size = 0;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f{nullptr};

@@ -20,12 +20,16 @@
 #include <mantissa/fp8/float8_linear.h>
 #include <mantissa/fp8/recipe.h>
 #include <mantissa/fp8/scaling_state.h>
+#include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
+#include <mantissa/nn/checkpoint.h>
+#include <mantissa/nn/linear_cross_entropy.h>
 #include <mantissa/nn/multihead_attention.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
 #include <mantissa/precision_plan.h>

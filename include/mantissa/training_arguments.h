@@ -12,6 +12,7 @@
 #include <mantissa/arg.h>
 #include <mantissa/argument_enums.h>
 #include <mantissa/distributed_backend.h>
+#include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/lr_scheduler_kwargs.h>
 
 /// The fields of `mantissa::TrainingArguments`, one line each: `X(type, name, default, help)`.
@@ -187,6 +188,14 @@
   X(bool, dataloader_pin_memory, true,                                                             \
     "Put batches in page-locked memory, so their copy to the GPU does not block the host.")        \
   X(bool, disable_tqdm, false, "Print no progress bar.")                                           \
+  /* ---- memory ----------------------------------------------------------------------- */        \
+  X(bool, gradient_checkpointing, false,                                                           \
+    "Keep only the inputs of the model's checkpointed blocks in the forward and recompute the "    \
+    "rest in the backward (model.gradient_checkpointing_enable()): less memory, one more "         \
+    "forward. Needs a model that implements mantissa::nn::SupportsGradientCheckpointing.")         \
+  X(std::optional<GradientCheckpointingKwargs>, gradient_checkpointing_kwargs, std::nullopt,       \
+    "Arguments of gradient checkpointing, a JSON object such as '{\"use_reentrant\": false}' "    \
+    "(keys use_reentrant and preserve_rng_state).")                                                \
   /* ---- several processes (torchrun) ------------------------------------------------- */        \
   X(std::optional<std::string>, ddp_backend, std::nullopt,                                         \
     "Collective backend when the launcher starts several processes: gloo (CPU) or nccl (CUDA). "   \

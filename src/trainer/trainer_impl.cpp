@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <mantissa/io/safetensors.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 
 #include "io/filesystem.h"
 #include "shorten.h"
@@ -79,6 +80,7 @@ void Trainer::Impl::prepare() {
   if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
   if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
+  if (args_.gradient_checkpointing()) enable_gradient_checkpointing();
   // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
   strategy_->prepare_model(*module_);
   // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.
@@ -133,6 +135,24 @@ void Trainer::Impl::convert_to_fp8() {
                     "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
   plan_.fp8_layers = conversion.describe();
   objects_.fp8 = std::move(conversion);
+}
+
+void Trainer::Impl::enable_gradient_checkpointing() {
+  auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(module_.get());
+  TORCH_CHECK_VALUE(model != nullptr, "--gradient_checkpointing: ", module_->name(),
+                    " does not support gradient checkpointing: its class must derive from "
+                    "mantissa::nn::SupportsGradientCheckpointing and run its blocks through "
+                    "maybe_checkpoint (docs/trainer.md, \"Saving memory\"); or train without "
+                    "--gradient_checkpointing");
+  // The gradient sync's search for unused parameters walks the forward's graph, where the
+  // checkpointed blocks' parameters do not appear: it would count them unused, then see their
+  // gradients arrive from the recompute (HF turns the search off for a checkpointing model).
+  TORCH_CHECK_VALUE(strategy_->world_size() == 1 || !args_.resolved_ddp_find_unused_parameters(),
+                    "--gradient_checkpointing across ", strategy_->world_size(),
+                    " processes needs --ddp_find_unused_parameters false: the search for unused "
+                    "parameters cannot see the parameters of the recomputed blocks");
+  model->gradient_checkpointing_enable(
+      args_.gradient_checkpointing_kwargs().value_or(GradientCheckpointingKwargs{}));
 }
 
 void Trainer::Impl::check_output_dir(bool resuming) const {

@@ -107,6 +107,8 @@ class Trainer::Impl {
   /// `--fp8`: switches the model's `Float8Linear` layers to FP8 (on the training device) and
   /// records which in the plan. Throws `c10::ValueError` when no layer can run in FP8.
   void convert_to_fp8();
+  // --gradient_checkpointing: model.gradient_checkpointing_enable(), or an error naming the flag.
+  void enable_gradient_checkpointing();
   /// A fresh TrainerState for this run: its sizes and intervals, step 0.
   void start_state();
   /// Sets `state`'s process flags (`is_world_process_zero`, `is_local_process_zero`).

@@ -16,6 +16,7 @@
 
 #include <mantissa/training_arguments.h>
 
+#include "training_arguments/gradient_checkpointing_kwargs_json.h"
 #include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
@@ -87,6 +88,11 @@ void from_cli(const std::string& flag, const std::string& text, LrSchedulerKwarg
   out = detail::lr_scheduler_kwargs_from_cli(flag, text);
 }
 
+// A JSON object (HF's `--gradient_checkpointing_kwargs '{"use_reentrant": false}'`).
+void from_cli(const std::string& flag, const std::string& text, GradientCheckpointingKwargs& out) {
+  out = detail::gradient_checkpointing_kwargs_from_cli(flag, text);
+}
+
 // Any spelling is kept; validate() names the field when it is not one of the enum's.
 template <class E>
 void from_cli(const std::string& /*flag*/, const std::string& text, Choice<E>& out) {
@@ -144,6 +150,8 @@ template <>
 struct CliType<LrSchedulerKwargs> {
   static std::string name() { return "JSON"; }
 };
+template <>
+struct CliType<GradientCheckpointingKwargs> : CliType<LrSchedulerKwargs> {};
 template <class E>
 struct CliType<Choice<E>> {
   static std::string name() {

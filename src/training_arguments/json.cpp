@@ -15,6 +15,7 @@
 #include "io/atomic_file.h"
 #include "io/json_reader.h"
 #include "shorten.h"
+#include "training_arguments/gradient_checkpointing_kwargs_json.h"
 #include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
 
@@ -43,6 +44,10 @@ Json to_json_value(const char* /*key*/, const std::vector<std::string>& v) { ret
 
 Json to_json_value(const char* key, const LrSchedulerKwargs& v) {
   return detail::lr_scheduler_kwargs_to_json(key, v);
+}
+
+Json to_json_value(const char* /*key*/, const GradientCheckpointingKwargs& v) {
+  return detail::gradient_checkpointing_kwargs_to_json(v);
 }
 
 template <class T>
@@ -89,6 +94,11 @@ void from_json_value(const char* key, const Json& j, std::vector<std::string>& o
 // An object of numbers and strings, or null (HF 5's default None); validate() checks the keys.
 void from_json_value(const char* key, const Json& j, LrSchedulerKwargs& out) {
   out = detail::lr_scheduler_kwargs_from_json(key, j);
+}
+
+// An object of use_reentrant / preserve_rng_state; other keys are refused here.
+void from_json_value(const char* key, const Json& j, GradientCheckpointingKwargs& out) {
+  out = detail::gradient_checkpointing_kwargs_from_json(key, j);
 }
 
 // Any spelling is kept; validate() names the key when it is not one of the enum's.

@@ -69,4 +69,14 @@ std::string repr(const LrSchedulerKwargs& v) {
   return out + "}";
 }
 
+std::string repr(const GradientCheckpointingKwargs& v) {
+  std::string out;
+  if (v.use_reentrant) out += "'use_reentrant': " + repr(*v.use_reentrant);
+  if (v.preserve_rng_state) {
+    out += (out.empty() ? "" : ", ") + std::string("'preserve_rng_state': ") +
+           repr(*v.preserve_rng_state);
+  }
+  return "{" + out + "}";
+}
+
 }  // namespace mantissa::detail

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <mantissa/choice.h>
+#include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/lr_scheduler_kwargs.h>
 
 namespace mantissa::detail {
@@ -33,6 +34,8 @@ std::string repr(const std::vector<std::string>& v);
 /// `repr` of a dict of `lr_scheduler_kwargs`: "{'num_cycles': 2, 'decay_type': 'cosine'}".
 std::string repr(const LrSchedulerKwarg& v);
 std::string repr(const LrSchedulerKwargs& v);
+/// `repr` of `gradient_checkpointing_kwargs`, the keys that are set: "{'use_reentrant': False}".
+std::string repr(const GradientCheckpointingKwargs& v);
 
 /// `repr` of an optional: the value's, or "None".
 template <class T>

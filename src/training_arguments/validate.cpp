@@ -346,6 +346,19 @@ void check_cuda_graph(const TrainingArguments& args) {
                     args.cuda_graph_warmup_steps());
 }
 
+// Gradient checkpointing re-runs each checkpointed block's forward inside the backward.
+void check_gradient_checkpointing(const TrainingArguments& args) {
+  if (!args.gradient_checkpointing()) return;
+  TORCH_CHECK_VALUE(!args.cuda_graph(),
+                    "gradient_checkpointing saves and restores the random generators' states "
+                    "around each recomputed block, which a CUDA graph capture does not allow; "
+                    "cuda_graph must be false");
+  TORCH_CHECK_VALUE(!args.fp8(),
+                    "gradient_checkpointing with fp8: the recomputed forward would record the FP8 "
+                    "layers' amaxes a second time, which mantissa does not support yet; train "
+                    "without one of --gradient_checkpointing and --fp8");
+}
+
 // Several processes: the backend, the gradient hook, the timeout and the bucket size.
 void check_distributed(const TrainingArguments& args) {
   if (const auto& backend = args.ddp_backend()) {
@@ -422,6 +435,7 @@ void TrainingArguments::validate() const {
   check_loss_scaling(*this);
   check_data_loading(*this);
   check_cuda_graph(*this);
+  check_gradient_checkpointing(*this);
   check_distributed(*this);
   check_fsdp(*this);
   check_hardware(*this);
