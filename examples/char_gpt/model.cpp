@@ -38,9 +38,13 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config) : n_he
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto batch = x.size(0), time = x.size(1), channels = x.size(2);
-  auto heads = qkv(x)
-                   .view({batch, time, 3, n_head, channels / n_head})
-                   .permute({2, 0, 3, 1, 4});  // 3 B H T D
+  // unbind, not heads[0..2]: the backward of three select()s zero-fills three copies of the
+  // whole [3, B, H, T, D] gradient and adds them up; unbind's backward stacks the three once
+  // (Python's `q, k, v = t` unpacks with unbind too).
+  const auto heads = qkv(x)
+                         .view({batch, time, 3, n_head, channels / n_head})
+                         .permute({2, 0, 3, 1, 4})  // 3 B H T D
+                         .unbind(0);
   auto y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
                                             /*dropout_p=*/0.0,
                                             /*is_causal=*/true);
@@ -100,7 +104,7 @@ torch::Tensor CharGptImpl::hidden_states(const torch::Tensor& ids) {
 
 torch::Tensor CharGptImpl::forward(const torch::Tensor& ids) {
   // The LM head shares the token embedding's weight (GPT-2's weight tying).
-  return torch::nn::functional::linear(hidden_states(ids), wte->weight);
+  return at::linear(hidden_states(ids), wte->weight);
 }
 
 mantissa::ModelOutput CharGptImpl::forward(const mantissa::Batch& batch) {

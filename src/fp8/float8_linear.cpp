@@ -74,7 +74,10 @@ void Float8LinearImpl::disable_float8() {
 }
 
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
-  if (!float8_) return torch::nn::functional::linear(input, weight, bias);
+  // at::linear, not torch::nn::functional::linear: for an input of more than two dims the
+  // latter runs matmul and then adds the bias in place, which under autocast adds an fp32 bias
+  // into the bf16 output element by element and keeps the bias out of the GEMM.
+  if (!float8_) return at::linear(input, weight, bias);
 
   const int64_t in_features = options.in_features();
   const int64_t out_features = options.out_features();
