@@ -103,7 +103,9 @@ TEST(TorchLoadTest, RefusesACompressedRecord) {
       {"deflated_pickle_claims_2gib.pt", "archive/data.pkl"},
       {"deflated_version_claims_2gib.pt", "archive/version"},
       {"deflated_version_claims_2gib_zip64.pt", "archive/version"}};
-  for (const auto& [file, record] : cases) {
+  for (const auto& entry : cases) {
+    // Named copies: clang refuses a lambda that captures a structured binding in C++17.
+    const std::string file = entry.first, record = entry.second;
     EXPECT_THAT(
         error_of([&] { mantissa::io::load_torch_bytes(golden_bytes(file)); }),
         HasSubstr("the file: its record '" + record + "' claims 2147483632 bytes once inflated"))
