@@ -170,6 +170,16 @@ TEST(LinearCrossEntropyTest, BadShapesNameWhatIsWrong) {
                 mantissa::nn::linear_cross_entropy(p.hidden, p.weight, {}, p.targets, -100, -1);
               }),
               HasSubstr("chunk_size must be >= 0"));
+  EXPECT_THAT(error([&] {
+                mantissa::nn::linear_cross_entropy(p.hidden.to(torch::kLong), p.weight, {},
+                                                   p.targets);
+              }),
+              HasSubstr("got Long of shape [10, 8]"));
+  EXPECT_THAT(error([&] {
+                mantissa::nn::linear_cross_entropy(p.hidden, p.weight, {},
+                                                   p.targets.to(torch::kFloat));
+              }),
+              HasSubstr("integer class indices, got a Float tensor"));
 }
 
 }  // namespace

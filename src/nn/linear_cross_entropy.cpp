@@ -149,8 +149,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& bias, const at::Tensor& targets,
                                 int64_t ignore_index, int64_t chunk_size) {
-  TORCH_CHECK_VALUE(hidden.defined() && hidden.dim() >= 1 && hidden.is_floating_point(),
-                    "linear_cross_entropy: hidden must be a floating-point tensor [..., in]");
+  TORCH_CHECK_VALUE(hidden.defined(), "linear_cross_entropy: hidden is an undefined tensor");
+  TORCH_CHECK_VALUE(hidden.dim() >= 1 && hidden.is_floating_point(),
+                    "linear_cross_entropy: hidden must be a floating-point tensor [..., in], got ",
+                    hidden.scalar_type(), " of shape ", hidden.sizes());
   TORCH_CHECK_VALUE(weight.defined() && weight.dim() == 2 && weight.size(1) == hidden.size(-1),
                     "linear_cross_entropy: weight must be [vocab, in] with in = ", hidden.size(-1),
                     " (hidden's last size), got ",
@@ -158,9 +160,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   TORCH_CHECK_VALUE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
                     "linear_cross_entropy: bias must be [vocab] = [", weight.size(0), "], got ",
                     bias.sizes());
-  TORCH_CHECK_VALUE(targets.defined() && !targets.is_floating_point() && !targets.is_complex() &&
-                        targets.scalar_type() != at::kBool,
-                    "linear_cross_entropy: targets must hold integer class indices");
+  TORCH_CHECK_VALUE(targets.defined(), "linear_cross_entropy: targets is an undefined tensor");
+  TORCH_CHECK_VALUE(
+      !targets.is_floating_point() && !targets.is_complex() && targets.scalar_type() != at::kBool,
+      "linear_cross_entropy: targets must hold integer class indices, got a ",
+      targets.scalar_type(), " tensor");
   const auto in_features = hidden.size(-1);
   const auto hidden2d = hidden.reshape({-1, in_features});
   const auto targets1d = targets.reshape({-1}).to(at::kLong);
