@@ -40,6 +40,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/nn/checkpoint.h
   include/mantissa/nn/supports_gradient_checkpointing.h
   include/mantissa/nn/linear_cross_entropy.h
+  include/mantissa/memory/cpu_caching_allocator.h
 )
 set(MANTISSA_CXX_SOURCES
   src/device_info.cpp
@@ -74,6 +75,7 @@ set(MANTISSA_CXX_SOURCES
   src/nn/multihead_attention.cpp
   src/nn/checkpoint.cpp
   src/nn/linear_cross_entropy.cpp
+  src/memory/cpu_caching_allocator.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
   src/trainer/progress.cpp

@@ -28,6 +28,7 @@
 #include <mantissa/model_output.h>
 #include <mantissa/nn/checkpoint.h>
 #include <mantissa/nn/linear_cross_entropy.h>
+#include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/nn/multihead_attention.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 #include <mantissa/optim/fused_adamw.h>

@@ -196,6 +196,10 @@
   X(std::optional<GradientCheckpointingKwargs>, gradient_checkpointing_kwargs, std::nullopt,       \
     "Arguments of gradient checkpointing, a JSON object such as '{\"use_reentrant\": false}' "    \
     "(keys use_reentrant and preserve_rng_state).")                                                \
+  X(bool, cpu_caching_allocator, true,                                                             \
+    "On the CPU, keep the memory of freed tensors for the next step's tensors of the same size "   \
+    "instead of handing it back to the system (mantissa; CUDA caches always). Saves the page "     \
+    "faults of every step's activations; the process keeps its peak memory.")                      \
   /* ---- several processes (torchrun) ------------------------------------------------- */        \
   X(std::optional<std::string>, ddp_backend, std::nullopt,                                         \
     "Collective backend when the launcher starts several processes: gloo (CPU) or nccl (CUDA). "   \
