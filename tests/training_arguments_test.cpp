@@ -211,7 +211,8 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.fp8_format(), mantissa::fp8::Float8Format::kHybrid);
   EXPECT_FALSE(a.gradient_checkpointing());
   EXPECT_FALSE(a.gradient_checkpointing_kwargs().has_value());
-  EXPECT_EQ(field_names().size(), 76u) << "a field was added or removed: update this test, "
+  EXPECT_TRUE(a.cpu_caching_allocator());
+  EXPECT_EQ(field_names().size(), 77u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -367,7 +368,8 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       // Both lines hold a flag (cuda_graph, fp8) that refuses checkpointing: the true value is
       // tested in GradientCheckpointingFlags.
       "--gradient_checkpointing", "false",
-      "--gradient_checkpointing_kwargs", "{\"use_reentrant\": false}"};
+      "--gradient_checkpointing_kwargs", "{\"use_reentrant\": false}",
+      "--cpu_caching_allocator", "false"};
   // clang-format on
 
   // Every field of the table is exercised by one of the two command lines.
@@ -457,6 +459,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.fsdp(), "no_shard");
   EXPECT_EQ(b.fsdp_config(), std::optional<std::string>("{\"version\": 2}"));
   EXPECT_FALSE(b.gradient_checkpointing());
+  EXPECT_FALSE(b.cpu_caching_allocator());
   EXPECT_EQ(b.gradient_checkpointing_kwargs(),
             mantissa::GradientCheckpointingKwargs{/*use_reentrant=*/false});
 }
