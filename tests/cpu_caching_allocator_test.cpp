@@ -13,6 +13,7 @@
 #include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/trainer.h>
 
+#include "address_sanitizer.h"
 #include "toy_training.h"
 
 namespace {
@@ -20,18 +21,6 @@ namespace {
 using mantissa::memory::cpu_cache_size_class;
 using mantissa::memory::cpu_cache_stats;
 using mantissa::memory::CpuCachingAllocatorOptions;
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 // The bytes the cache holds for a tensor of `bytes`: a header line, then the size class.
 std::int64_t block_of(std::size_t bytes) {
@@ -187,7 +176,7 @@ TEST_F(CpuCachingAllocatorTest, ThreadsAllocateAndFreeAcrossEachOther) {
 }
 
 TEST_F(CpuCachingAllocatorTest, TheTrainerTurnsItOnForACpuRun) {
-  if (kAddressSanitizer) GTEST_SKIP() << "an AddressSanitizer build keeps LibTorch's allocator";
+  if (mantissa::detail::kAddressSanitizer) GTEST_SKIP() << "an AddressSanitizer build keeps LibTorch's allocator";
   mantissa::memory::disable_cpu_caching_allocator();
   mantissa::Trainer trainer(mantissa_test::make_toy_model(),
                             mantissa_test::toy_args(mantissa_test::toy_output_dir()).max_steps(2),

@@ -13,6 +13,7 @@
 #include <mantissa/distributed.h>
 #include <mantissa/memory/cpu_caching_allocator.h>
 
+#include "address_sanitizer.h"
 #include "scoped_value.h"
 #include "trainer/eager_engine.h"
 #include "trainer/graph_engine.h"
@@ -22,28 +23,12 @@
 #include "trainer/training_loop.h"
 
 namespace mantissa {
-namespace {
-
-// An AddressSanitizer build keeps LibTorch's allocator: blocks reused from a cache would hide a
-// use after free from it.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
-}  // namespace
 
 TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   if (!resume && args_.resume_from_checkpoint()) resume = *args_.resume_from_checkpoint();
   check_output_dir(resume.has_value());
-  if (device_.is_cpu() && args_.cpu_caching_allocator() && !kAddressSanitizer &&
+  // An AddressSanitizer build keeps LibTorch's allocator: reused blocks would hide a use after free.
+  if (device_.is_cpu() && args_.cpu_caching_allocator() && !detail::kAddressSanitizer &&
       !memory::enable_cpu_caching_allocator()) {
     TORCH_WARN_ONCE("cpu_caching_allocator: another CPU allocator of higher priority is "
                     "registered with LibTorch, so the Trainer leaves it in place");
