@@ -57,8 +57,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       header = static_cast<Header*>(c10::alloc_cpu(bytes));  // throws, naming the size
       header->bytes = bytes;
       header->cached = cached;
-      std::lock_guard<std::mutex> lock(mutex_);
-      count_new(bytes, cached);
+      if (cached) count_new(bytes);
     }
     void* data = header + 1;
     if (c10::memoryProfilingEnabled()) report(data, static_cast<std::int64_t>(bytes));
@@ -137,9 +136,9 @@ class CachingCpuAllocator final : public c10::Allocator {
     return header;
   }
 
-  // Counts a block just taken from the system; the small ones are not the cache's.
-  void count_new(std::size_t bytes, bool cached) {
-    if (!cached) return;
+  // Counts a cache block just taken from the system (small blocks are not the cache's).
+  void count_new(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
     stats_.allocated_bytes += static_cast<std::int64_t>(bytes);
     stats_.peak_reserved_bytes =
         std::max(stats_.peak_reserved_bytes, stats_.allocated_bytes + stats_.cached_bytes);
