@@ -40,6 +40,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/nn/checkpoint.h
   include/mantissa/nn/supports_gradient_checkpointing.h
   include/mantissa/nn/linear_cross_entropy.h
+  include/mantissa/nn/gelu.h
   include/mantissa/memory/cpu_caching_allocator.h
 )
 set(MANTISSA_CXX_SOURCES
@@ -75,6 +76,7 @@ set(MANTISSA_CXX_SOURCES
   src/nn/multihead_attention.cpp
   src/nn/checkpoint.cpp
   src/nn/linear_cross_entropy.cpp
+  src/nn/gelu.cpp
   src/memory/cpu_caching_allocator.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
@@ -134,6 +136,9 @@ set(MANTISSA_CPU_KERNEL_SOURCES
   src/optim/fused_adamw_cpu_default.cpp
   src/optim/fused_adamw_cpu_avx2.cpp
   src/optim/fused_adamw_cpu_avx512.cpp
+  src/nn/gelu_cpu_default.cpp
+  src/nn/gelu_cpu_avx2.cpp
+  src/nn/gelu_cpu_avx512.cpp
 )
 set(MANTISSA_CUDA_SOURCES
   src/amp/unscale_cuda.cu

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/nn/gelu.h>
 #include <mantissa/nn/linear_cross_entropy.h>
 
 namespace mantissa::examples {
@@ -61,7 +62,9 @@ BlockImpl::BlockImpl(const GptConfig& config) {
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
   x = x + attn(ln1(x));
-  return x + fc_proj(torch::gelu(fc(ln2(x)), "tanh"));  // GPT-2's tanh approximation
+  // GPT-2's tanh approximation; mantissa's keeps dGELU/dx for the backward (same bits as
+  // torch::gelu, one tanh per element instead of two).
+  return x + fc_proj(nn::gelu(fc(ln2(x)), "tanh"));
 }
 
 CharGptImpl::CharGptImpl(const GptConfig& cfg) : config(cfg) {

@@ -27,6 +27,7 @@
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
 #include <mantissa/nn/checkpoint.h>
+#include <mantissa/nn/gelu.h>
 #include <mantissa/nn/linear_cross_entropy.h>
 #include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/nn/multihead_attention.h>

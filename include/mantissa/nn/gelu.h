@@ -1,0 +1,31 @@
+#pragma once
+// GELU whose backward reuses the derivative the forward computed.
+
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+
+namespace mantissa::nn {
+
+/// GELU of each element: x Phi(x) with `approximate` = "none" (the exact form, with erf), or
+/// GPT-2's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) with "tanh".
+/// Python: `torch.nn.functional.gelu(input, approximate=approximate)`.
+///
+/// The tanh form on the CPU, for a contiguous float32, bfloat16 or float16 input that needs a
+/// gradient: one pass computes the output and dGELU/dx together, and the backward only
+/// multiplies the incoming gradient by that derivative, where ATen's backward computes tanh
+/// once more from the saved input. Output and gradient equal at::gelu's and its backward's bit for
+/// bit: the kernels run ATen's operations in ATen's order, vector and scalar code where ATen
+/// runs each (the backward at the thread count the forward saw). Memory: the derivative is
+/// kept in float32 in place of the input, so for a bfloat16/float16 input the saved tensor is
+/// twice the input's size (the same size for float32).
+///
+/// Anything else is at::gelu itself: the exact form (for float32 and bfloat16 ATen runs
+/// oneDNN's kernel, whose bits no kernel of ours could promise), CUDA, other dtypes, a strided
+/// view, no gradient needed.
+/// A double backward (create_graph) through the CPU path raises c10::NotImplementedError; use
+/// at::gelu there. An `approximate` other than "none" or "tanh" raises c10::ValueError naming
+/// it. Never syncs with a device.
+at::Tensor gelu(const at::Tensor& input, std::string_view approximate = "none");
+
+}  // namespace mantissa::nn
