@@ -8,8 +8,10 @@
 # - at::parallel_for only runs in parallel in code compiled with OpenMP (ATen/ParallelOpenMP.h),
 #   so these files get -fopenmp, and the library links the libgomp that LibTorch itself loads
 #   (torch/lib/libgomp.so.1 in the PyPI wheel): one OpenMP runtime, one thread pool.
-# - -ffp-contract=off: the compiler must not fuse a multiply and an add that ATen rounds
-#   separately (the kernel spells out the fmas ATen's kernels use), or results drift from AdamW's.
+# - Contraction of a multiply and an add into an fma follows what each kernel copies. FusedAdamW
+#   spells out the fmas ATen's AdamW uses, so its files get -ffp-contract=off (else results drift
+#   from AdamW's). The GELU kernels repeat ATen's GELU expressions as written and get GCC's
+#   default -ffp-contract=fast, which ATen's own kernels are built with, so the same pairs fuse.
 # - No precompiled header: its flags (no -fopenmp, no -m) differ, and these files include only
 #   the few ATen headers they need.
 include_guard(GLOBAL)
