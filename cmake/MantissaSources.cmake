@@ -41,6 +41,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/nn/supports_gradient_checkpointing.h
   include/mantissa/nn/linear_cross_entropy.h
   include/mantissa/nn/gelu.h
+  include/mantissa/nn/attention.h
   include/mantissa/memory/cpu_caching_allocator.h
 )
 set(MANTISSA_CXX_SOURCES
@@ -77,6 +78,7 @@ set(MANTISSA_CXX_SOURCES
   src/nn/checkpoint.cpp
   src/nn/linear_cross_entropy.cpp
   src/nn/gelu.cpp
+  src/nn/attention.cpp
   src/memory/cpu_caching_allocator.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp

@@ -98,6 +98,47 @@ def load_tokens(path, max_chars):
     return torch.tensor([index[c] for c in text], dtype=torch.long), len(chars)
 
 
+# Where a step's time goes, by kind of ATen op (the first pattern an op's name contains wins).
+OP_KINDS = [
+    ("gemm", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+    ("attention", ("scaled_dot_product", "flash_attention")),
+    ("gelu", ("gelu",)),
+    ("layer_norm", ("layer_norm",)),
+    ("optimizer", ("_fused_adamw", "adamw")),
+    ("grad_norm_clip", ("norm", "clamp", "_foreach_mul")),
+    ("loss", ("log_softmax", "nll_loss", "cross_entropy")),
+    ("embedding", ("embedding",)),
+    ("dtype_casts_and_copies", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous")),
+    ("add_and_accumulate", ("aten::add", "aten::sum", "aten::fill_", "aten::zero_")),
+]
+
+
+def time_by_op_kind(train_step, steps, sync):
+    """Runs `steps` training steps under torch.profiler and returns each kind's share of the
+    ops' own (self) CPU time, the ops' total, and the steps' wall time (ms per step)."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            train_step()
+        sync()
+        wall = time.perf_counter() - start
+    shares = {}
+    total = 0.0
+    for event in prof.key_averages():
+        self_us = event.self_cpu_time_total
+        total += self_us
+        kind = next((k for k, patterns in OP_KINDS if any(p in event.key for p in patterns)), "other")
+        shares[kind] = shares.get(kind, 0.0) + self_us
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "op_self_ms_per_step": total / 1e3 / steps,
+        "share_of_op_time": {k: round(v / total, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model_size", default="tiny", choices=sorted(PRESETS))
@@ -116,6 +157,9 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     parser.add_argument("--gradient_checkpointing", action="store_true",
                         help="recompute each block in the backward (torch.utils.checkpoint)")
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="after the timed steps, run this many more under torch.profiler and "
+                             "add where their time went (share of each kind of op) to the output")
     args = parser.parse_args()
 
     if args.threads > 0:
@@ -159,12 +203,7 @@ def main():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    step_seconds = []
-    loss = None
-    model.train()
-    for step in range(total):
-        sync()
-        start = time.perf_counter()
+    def train_step():
         x, y = batch()
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             logits = model(x)
@@ -176,9 +215,19 @@ def main():
         scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    step_seconds = []
+    loss = None
+    model.train()
+    for step in range(total):
+        sync()
+        start = time.perf_counter()
+        loss = train_step()
         sync()
         if step >= args.warmup:
             step_seconds.append(time.perf_counter() - start)
+    profile = time_by_op_kind(train_step, args.profile_steps, sync) if args.profile_steps > 0 else None
 
     seconds = statistics.median(step_seconds)
     print(json.dumps({
@@ -187,6 +236,7 @@ def main():
         "steps": args.steps, "median_step_s": seconds, "tokens_per_second": args.batch_size * block / seconds,
         "last_loss": loss.item(), "gradient_checkpointing": args.gradient_checkpointing,
         "torch": torch.__version__, "optimizer": args.optimizer, "threads": torch.get_num_threads(),
+        **({"profile": profile} if profile else {}),
     }))
 
 

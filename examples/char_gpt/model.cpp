@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/nn/attention.h>
 #include <mantissa/nn/gelu.h>
 #include <mantissa/nn/linear_cross_entropy.h>
 
@@ -46,7 +47,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                          .view({batch, time, 3, n_head, channels / n_head})
                          .permute({2, 0, 3, 1, 4})  // 3 B H T D
                          .unbind(0);
-  auto y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
+  // ATen's kernel, or its math path where that is faster (short bf16 sequences on the CPU).
+  auto y = nn::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
                                             /*dropout_p=*/0.0,
                                             /*is_causal=*/true);
   return proj(y.transpose(1, 2).reshape({batch, time, channels}));

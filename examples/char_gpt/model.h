@@ -39,8 +39,9 @@ struct GptConfig {
   void validate() const;
 };
 
-/// Multi-head causal self-attention through `at::scaled_dot_product_attention(is_causal=true)`
-/// (flash or memory-efficient kernels where the device has them).
+/// Multi-head causal self-attention through `mantissa::nn::scaled_dot_product_attention`
+/// (is_causal): ATen's flash or memory-efficient kernels where the device has them, its math
+/// path for short bf16 sequences on the CPU.
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptConfig& config);
   /// x: [batch, time, n_embd] -> [batch, time, n_embd].

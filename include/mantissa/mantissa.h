@@ -26,6 +26,7 @@
 #include <mantissa/lr_scheduler_kwargs.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
+#include <mantissa/nn/attention.h>
 #include <mantissa/nn/checkpoint.h>
 #include <mantissa/nn/gelu.h>
 #include <mantissa/nn/linear_cross_entropy.h>

@@ -1,5 +1,7 @@
 #include <mantissa/nn/multihead_attention.h>
 
+#include <mantissa/nn/attention.h>
+
 #include <cmath>
 #include <limits>
 
@@ -207,7 +209,7 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(
   at::Tensor out;
   at::Tensor weights;
   if (!need_weights) {
-    out = at::scaled_dot_product_attention(q, k, v, scores_mask, dropout);
+    out = mantissa::nn::scaled_dot_product_attention(q, k, v, scores_mask, dropout);
   } else {
     // The weights themselves are wanted: the scores and the softmax spelled out.
     const auto q3 = q.reshape({b * heads, t, head_dim}) * (1.0 / std::sqrt(static_cast<double>(head_dim)));

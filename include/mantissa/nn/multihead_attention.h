@@ -22,8 +22,8 @@ namespace mantissa::nn {
 /// dtype (LibTorch's C++ forward fills masks through a float-only dispatch and fails under
 /// bf16 autocast), `key_padding_mask` is per example ([batch, source]), `attn_mask` may be
 /// [target, source] or per head ([batch * num_heads, target, source]), and with
-/// `need_weights` false the attention runs in `at::scaled_dot_product_attention` (its fused
-/// kernels on the CPU and CUDA). Inputs are [target, batch, embed] (sequence first, as
+/// `need_weights` false the attention runs in `mantissa::nn::scaled_dot_product_attention`
+/// (ATen's fused kernels on the CPU and CUDA, its math path for short bf16 sequences on the CPU). Inputs are [target, batch, embed] (sequence first, as
 /// PyTorch's default) unless `batch_first`. A query whose every key is masked gets NaN
 /// outputs, as in PyTorch. No host sync.
 ///
