@@ -82,6 +82,8 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
         at::empty(input.sizes(), input.options().dtype(at::kFloat), at::MemoryFormat::Contiguous);
     const std::int64_t numel = input.numel();
     const std::int64_t threads = threads_for_parallel_for();
+    const auto output_ranges = detail::parallel_for_ranges(
+        numel, detail::aten_gelu_forward_grain(numel, at::get_num_threads()), threads);
     // The elements ATen's backward would compute with its scalar code, from the ranges its
     // at::parallel_for will hand out (default grain, the threads of now).
     const auto derivative_scalar_ranges = detail::scalar_tails(
@@ -93,7 +95,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
         output.mutable_data_ptr(),
         derivative.mutable_data_ptr<float>(),
         numel,
-        detail::aten_gelu_forward_grain(numel, at::get_num_threads()),
+        &output_ranges,
         &derivative_scalar_ranges};
     kernels.forward(args);
     ctx->saved_data["derivative"] = derivative;

@@ -27,8 +27,11 @@ struct GeluForwardArgs {
   void* output;       // same dtype as input
   float* derivative;  // dGELU/dx at each input element
   std::int64_t numel;
-  /// at::parallel_for's grain for the output, as ATen's forward chooses it.
-  std::int64_t output_grain;
+  /// The ranges ATen's forward splits the elements into (`parallel_for_ranges` with its grain
+  /// and thread count). Each is computed as ATen computes a range, vector code and then a
+  /// scalar tail, whether the ranges run on several threads or, in a build without OpenMP, on
+  /// one.
+  const std::vector<std::pair<std::int64_t, std::int64_t>>* output_ranges;
   /// Where ATen's backward would compute with its scalar code: the tail of each of its thread
   /// ranges (see `scalar_tails`). The derivative there is written by the scalar formula.
   const std::vector<std::pair<std::int64_t, std::int64_t>>* derivative_scalar_ranges;
