@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include <torch/torch.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
 
 #include <mantissa/amp/autocast.h>
 #include <mantissa/memory/cpu_caching_allocator.h>
@@ -48,7 +48,8 @@ std::pair<double, double> time_pair(const Step& ours, const Step& theirs, int re
       const bool first = (r + side) % 2 == 0;
       const auto start = Clock::now();
       (first ? ours : theirs)();
-      (first ? a : b).push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      (first ? a : b)
+          .push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     }
   }
   return {median(a), median(b)};
@@ -84,9 +85,10 @@ Row attention_row(int64_t time, int64_t heads, int64_t head_dim, bool bf16, int 
       torch::Tensor out;
       {
         mantissa::amp::Autocast autocast(c10::DeviceType::CPU, torch::kBFloat16, bf16);
-        const auto qkv = (bf16 ? input.to(torch::kBFloat16) : input).permute({2, 0, 3, 1, 4}).unbind(0);
-        out = ours ? mantissa::nn::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], std::nullopt,
-                                                                0.0, true)
+        const auto qkv =
+            (bf16 ? input.to(torch::kBFloat16) : input).permute({2, 0, 3, 1, 4}).unbind(0);
+        out = ours ? mantissa::nn::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2],
+                                                                std::nullopt, 0.0, true)
                    : at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], std::nullopt, 0.0,
                                                       true);
       }
@@ -114,7 +116,8 @@ int main(int argc, char** argv) {
   if (!no_cache) mantissa::memory::enable_cpu_caching_allocator();
 
   std::vector<Row> rows;
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) rows.push_back(gelu_row(dtype, repeats));
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16})
+    rows.push_back(gelu_row(dtype, repeats));
   for (const auto& [heads, head_dim] : {std::pair<int64_t, int64_t>{4, 32}, {6, 64}}) {
     for (const int64_t time : {64, 128, 192, 256}) {
       for (const bool bf16 : {false, true}) {

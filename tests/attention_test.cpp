@@ -77,10 +77,12 @@ torch::Tensor packed_input(int64_t time, torch::ScalarType dtype) {
   return torch::randn({2, time, 3, 4, 32}).to(dtype);
 }
 
-const auto ours_causal = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+const auto ours_causal = [](const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v) {
   return mantissa::nn::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, true);
 };
-const auto aten_causal = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+const auto aten_causal = [](const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v) {
   return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, true);
 };
 
@@ -127,10 +129,10 @@ bool aten_bf16_flash_attention_runs() {
   return true;
 }
 
-#define SKIP_UNLESS_ATEN_BF16_FLASH_RUNS()                                                     \
-  if (!aten_bf16_flash_attention_runs()) {                                                     \
-    GTEST_SKIP() << "ATen's bf16 flash attention fails at ATEN_CPU_CAPABILITY="                \
-                 << at::get_cpu_capability() << " on this CPU (PyTorch's own limitation)";   \
+#define SKIP_UNLESS_ATEN_BF16_FLASH_RUNS()                                                 \
+  if (!aten_bf16_flash_attention_runs()) {                                                 \
+    GTEST_SKIP() << "ATen's bf16 flash attention fails at ATEN_CPU_CAPABILITY="            \
+                 << at::get_cpu_capability() << " on this CPU (PyTorch's own limitation)"; \
   }
 
 TEST(AttentionTest, LongSequencesAndFloat32KeepAtensChoice) {

@@ -90,11 +90,9 @@ void expect_same_bits(int64_t numel, int threads, torch::ScalarType dtype) {
 
   ASSERT_EQ(ours.scalar_type(), dtype);
   ASSERT_EQ(ours_input.grad().scalar_type(), dtype);
-  EXPECT_TRUE(torch::equal(ours, aten)) << "largest difference "
-                                         << (ours.to(torch::kFloat) - aten.to(torch::kFloat))
-                                                .abs()
-                                                .max()
-                                                .item<float>();
+  EXPECT_TRUE(torch::equal(ours, aten))
+      << "largest difference "
+      << (ours.to(torch::kFloat) - aten.to(torch::kFloat)).abs().max().item<float>();
   EXPECT_TRUE(torch::equal(ours_input.grad(), aten_input.grad()))
       << "largest difference "
       << (ours_input.grad().to(torch::kFloat) - aten_input.grad().to(torch::kFloat))

@@ -16,9 +16,9 @@
 namespace mantissa::nn {
 namespace {
 
+using detail::GeluDtype;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using detail::GeluDtype;
 
 struct GeluCpuKernels {
   void (*forward)(const detail::GeluForwardArgs&);
@@ -87,16 +87,14 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     // The elements ATen's backward would compute with its scalar code, from the ranges its
     // at::parallel_for will hand out (default grain, the threads of now).
     const auto derivative_scalar_ranges = detail::scalar_tails(
-        detail::parallel_for_ranges(numel, detail::kAtenGrainSize, threads),
-        kernels.block(dtype));
-    const detail::GeluForwardArgs args{
-        dtype,
-        input.const_data_ptr(),
-        output.mutable_data_ptr(),
-        derivative.mutable_data_ptr<float>(),
-        numel,
-        &output_ranges,
-        &derivative_scalar_ranges};
+        detail::parallel_for_ranges(numel, detail::kAtenGrainSize, threads), kernels.block(dtype));
+    const detail::GeluForwardArgs args{dtype,
+                                       input.const_data_ptr(),
+                                       output.mutable_data_ptr(),
+                                       derivative.mutable_data_ptr<float>(),
+                                       numel,
+                                       &output_ranges,
+                                       &derivative_scalar_ranges};
     kernels.forward(args);
     ctx->saved_data["derivative"] = derivative;
     ctx->saved_data["dtype"] = input.scalar_type();
@@ -127,11 +125,10 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
 at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
   // The exact (erf) form stays ATen's: for float32 and bfloat16 ATen runs oneDNN's kernel there,
   // whose bits a kernel of ours could not promise to reproduce.
-  const bool fused = is_tanh_approximation(approximate) && input.defined() &&
-                     at::GradMode::is_enabled() && input.requires_grad() &&
-                     input.device().is_cpu() && input.layout() == at::kStrided &&
-                     kernel_dtype(input.scalar_type()).has_value() && input.is_contiguous() &&
-                     input.numel() > 0;
+  const bool fused =
+      is_tanh_approximation(approximate) && input.defined() && at::GradMode::is_enabled() &&
+      input.requires_grad() && input.device().is_cpu() && input.layout() == at::kStrided &&
+      kernel_dtype(input.scalar_type()).has_value() && input.is_contiguous() && input.numel() > 0;
   if (!fused) return at::gelu(input, std::string(approximate));
   return GeluFunction::apply(input);
 }

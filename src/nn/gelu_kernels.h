@@ -1,11 +1,11 @@
 #pragma once
-// The CPU kernels behind mantissa::nn::gelu (its tanh form). Internal: included by src/nn/gelu*.cpp and the
-// tests. Compiled once per instruction set (gelu_cpu_{default,avx2,avx512}.cpp, each in its
+// The CPU kernels behind mantissa::nn::gelu (its tanh form). Internal: included by src/nn/gelu*.cpp
+// and the tests. Compiled once per instruction set (gelu_cpu_{default,avx2,avx512}.cpp, each in its
 // own CPU_CAPABILITY namespace, as ATen's kernels are) and chosen at run time by gelu.cpp.
 //
-// The forward writes GELU(x) (tanh approximation) and dGELU/dx (float32) in one pass; the backward multiplies the
-// incoming gradient by that derivative. Both follow ATen's own CPU kernels operation by
-// operation (GeluKernelImpl and GeluBackwardKernelImpl in ATen/native/cpu/Activation.cpp, the
+// The forward writes GELU(x) (tanh approximation) and dGELU/dx (float32) in one pass; the backward
+// multiplies the incoming gradient by that derivative. Both follow ATen's own CPU kernels operation
+// by operation (GeluKernelImpl and GeluBackwardKernelImpl in ATen/native/cpu/Activation.cpp, the
 // forward's formulas in ATen/native/cpu/Gelu.h), including which elements ATen computes with
 // its vector code and which with its scalar code (the elements past the last whole block of
 // each thread's range), so output and gradient come out bit for bit as ATen's.
@@ -51,9 +51,8 @@ struct GeluBackwardArgs {
 /// ATen/ParallelOpenMP.h): one range when numel <= grain or threads <= 1, else
 /// min(threads, ceil(numel / grain)) ranges of ceil(numel / that) elements, the last shorter.
 /// TensorIterator::for_each splits the same way.
-inline std::vector<std::pair<std::int64_t, std::int64_t>> parallel_for_ranges(std::int64_t numel,
-                                                                             std::int64_t grain,
-                                                                             std::int64_t threads) {
+inline std::vector<std::pair<std::int64_t, std::int64_t>> parallel_for_ranges(
+    std::int64_t numel, std::int64_t grain, std::int64_t threads) {
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   if (numel <= 0) return ranges;
   if (numel <= grain || threads <= 1 || numel <= 1) {

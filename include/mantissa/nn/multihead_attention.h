@@ -23,9 +23,10 @@ namespace mantissa::nn {
 /// bf16 autocast), `key_padding_mask` is per example ([batch, source]), `attn_mask` may be
 /// [target, source] or per head ([batch * num_heads, target, source]), and with
 /// `need_weights` false the attention runs in `mantissa::nn::scaled_dot_product_attention`
-/// (ATen's fused kernels on the CPU and CUDA, its math path for short bf16 sequences on the CPU). Inputs are [target, batch, embed] (sequence first, as
-/// PyTorch's default) unless `batch_first`. A query whose every key is masked gets NaN
-/// outputs, as in PyTorch. No host sync.
+/// (ATen's fused kernels on the CPU and CUDA, its math path for short bf16 sequences on the
+/// CPU). Inputs are [target, batch, embed] (sequence first, as PyTorch's default) unless
+/// `batch_first`. A query whose every key is masked gets NaN outputs, as in PyTorch. No host
+/// sync.
 ///
 /// Parameters: `in_proj_weight` [3E, E] and `in_proj_bias` [3E] when kdim == vdim == E,
 /// else `q_proj_weight` [E, E], `k_proj_weight` [E, kdim], `v_proj_weight` [E, vdim] and
