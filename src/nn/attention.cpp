@@ -46,8 +46,8 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                         const std::optional<at::Tensor>& attn_mask,
                                         double dropout_p, bool is_causal,
                                         std::optional<double> scale) {
-  const bool math = query.defined() && key.defined() && !query.is_nested() &&
-                    !key.is_nested() && query.dim() >= 2 && key.dim() >= 2 &&
+  const bool math = query.defined() && key.defined() && !query.is_nested() && !key.is_nested() &&
+                    query.dim() >= 2 && key.dim() >= 2 &&
                     prefers_math_attention(query.device().type(), compute_dtype(query),
                                            query.size(-2), key.size(-2));
   if (!math) {
