@@ -135,6 +135,44 @@ bool aten_bf16_flash_attention_runs() {
                  << at::get_cpu_capability() << " on this CPU (PyTorch's own limitation)"; \
   }
 
+TEST(AttentionTest, ABoolMaskMeansMayAttendOnTheMathPathToo) {
+  const auto packed = packed_input(48, torch::kFloat);
+  // Causal plus a few more keys hidden; every query keeps key 0.
+  auto mask = torch::ones({48, 48}, torch::kBool).tril();
+  mask.index_put_({torch::indexing::Slice(), 5}, false);
+  mask.index_put_({torch::indexing::Slice(), 0}, true);
+  const auto with_mask = [&](bool ours) {
+    return [&, ours](auto q, auto k, auto v) {
+      return ours ? mantissa::nn::scaled_dot_product_attention(q, k, v, mask)
+                  : at::scaled_dot_product_attention(q, k, v, mask);
+    };
+  };
+  const auto ours = run(packed, /*autocast=*/true, with_mask(true));
+  OnlyMathSdpa only_math;
+  expect_same(ours, run(packed, /*autocast=*/true, with_mask(false)));
+}
+
+TEST(AttentionTest, AnUndefinedMaskIsNoMask) {
+  const auto packed = packed_input(32, torch::kBFloat16);
+  const auto ours = run(packed, /*autocast=*/false, [](auto q, auto k, auto v) {
+    return mantissa::nn::scaled_dot_product_attention(q, k, v, torch::Tensor(), 0.0, true);
+  });
+  OnlyMathSdpa only_math;
+  expect_same(ours, run(packed, /*autocast=*/false, aten_causal));
+}
+
+TEST(AttentionTest, MathTurnedOffLeavesTheChoiceToAten) {
+  SKIP_UNLESS_ATEN_BF16_FLASH_RUNS();
+  struct MathOff {
+    bool before = at::globalContext().userEnabledMathSDP();
+    MathOff() { at::globalContext().setSDPUseMath(false); }
+    ~MathOff() { at::globalContext().setSDPUseMath(before); }
+  } math_off;
+  const auto packed = packed_input(64, torch::kFloat);
+  expect_same(run(packed, /*autocast=*/true, ours_causal),
+              run(packed, /*autocast=*/true, aten_causal));
+}
+
 TEST(AttentionTest, LongSequencesAndFloat32KeepAtensChoice) {
   expect_same(run(packed_input(64, torch::kFloat), /*autocast=*/false, ours_causal),
               run(packed_input(64, torch::kFloat), /*autocast=*/false, aten_causal));

@@ -1,8 +1,10 @@
 #include <mantissa/nn/attention.h>
 
 #include <algorithm>
+#include <limits>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -46,24 +48,32 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                         const std::optional<at::Tensor>& attn_mask,
                                         double dropout_p, bool is_causal,
                                         std::optional<double> scale) {
-  const bool math = query.defined() && key.defined() && !query.is_nested() && !key.is_nested() &&
-                    query.dim() >= 2 && key.dim() >= 2 &&
+  // An optional holding an undefined tensor (a module's "no mask") means no mask.
+  std::optional<at::Tensor> mask = attn_mask;
+  if (mask.has_value() && !mask->defined()) mask.reset();
+  const bool math = at::globalContext().userEnabledMathSDP() && query.defined() && key.defined() &&
+                    value.defined() && !query.is_nested() && !key.is_nested() &&
+                    !value.is_nested() && query.dim() >= 2 && key.dim() >= 2 &&
                     prefers_math_attention(query.device().type(), compute_dtype(query),
                                            query.size(-2), key.size(-2));
   if (!math) {
-    return at::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                            scale);
+    return at::scaled_dot_product_attention(query, key, value, mask, dropout_p, is_causal, scale);
   }
   // What autocast's wrapper of scaled_dot_product_attention does: cast the floating inputs,
   // then run the op with autocast off inside it.
   const auto dtype = compute_dtype(query);
-  std::optional<at::Tensor> mask = attn_mask;
   at::Tensor q = query, k = key, v = value;
   if (at::autocast::is_autocast_enabled(at::kCPU)) {
     q = to_dtype(query, dtype);
     k = to_dtype(key, dtype);
     v = to_dtype(value, dtype);
-    if (mask.has_value() && mask->defined()) mask = to_dtype(*mask, dtype);
+    if (mask.has_value()) mask = to_dtype(*mask, dtype);
+  }
+  // What at::scaled_dot_product_attention does before its math path: a bool mask (true: may
+  // attend) becomes an additive one in the query's dtype, 0 or -inf.
+  if (mask.has_value() && mask->scalar_type() == at::kBool) {
+    mask = at::zeros_like(*mask, q.options())
+               .masked_fill_(mask->logical_not(), -std::numeric_limits<double>::infinity());
   }
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal,

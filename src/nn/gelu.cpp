@@ -27,7 +27,8 @@ struct GeluCpuKernels {
 };
 
 // ATen's own choice of instruction set (cpuinfo, capped by ATEN_CPU_CAPABILITY), so that the
-// vector code here is the vector code at::gelu would run.
+// vector code here is the vector code at::gelu would run. Null kernels where ATen runs code we
+// have no copy of (its SVE kernels on ARM, say): there mantissa::nn::gelu is at::gelu.
 GeluCpuKernels cpu_kernels() {
   const std::string capability = at::get_cpu_capability();
   if (capability == "AVX512") {
@@ -38,8 +39,11 @@ GeluCpuKernels cpu_kernels() {
     return {&detail::AVX2::gelu_forward_cpu, &detail::AVX2::gelu_backward_cpu,
             &detail::AVX2::gelu_block};
   }
-  return {&detail::DEFAULT::gelu_forward_cpu, &detail::DEFAULT::gelu_backward_cpu,
-          &detail::DEFAULT::gelu_block};
+  if (capability == "DEFAULT") {
+    return {&detail::DEFAULT::gelu_forward_cpu, &detail::DEFAULT::gelu_backward_cpu,
+            &detail::DEFAULT::gelu_block};
+  }
+  return {nullptr, nullptr, nullptr};
 }
 
 const GeluCpuKernels& chosen_kernels() {
@@ -96,7 +100,9 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
                                        &output_ranges,
                                        &derivative_scalar_ranges};
     kernels.forward(args);
-    ctx->saved_data["derivative"] = derivative;
+    // Saved as a variable, not in saved_data: the engine frees it once this node's backward has
+    // run, as it frees ATen's saved input, and saved-tensor hooks see it.
+    ctx->save_for_backward({derivative});
     ctx->saved_data["dtype"] = input.scalar_type();
     return output;
   }
@@ -108,7 +114,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
         "(create_graph=true); use at::gelu for that");
     const at::Tensor& grad_output = grad_outputs[0];
     if (!grad_output.defined()) return {at::Tensor()};
-    const at::Tensor derivative = ctx->saved_data["derivative"].toTensor();
+    const at::Tensor derivative = ctx->get_saved_variables()[0];
     const auto dtype = ctx->saved_data["dtype"].toScalarType();
     const at::Tensor grad = grad_output.to(dtype).contiguous();
     at::Tensor grad_input = at::empty_like(grad, at::MemoryFormat::Contiguous);
@@ -125,10 +131,11 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
 at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
   // The exact (erf) form stays ATen's: for float32 and bfloat16 ATen runs oneDNN's kernel there,
   // whose bits a kernel of ours could not promise to reproduce.
-  const bool fused =
-      is_tanh_approximation(approximate) && input.defined() && at::GradMode::is_enabled() &&
-      input.requires_grad() && input.device().is_cpu() && input.layout() == at::kStrided &&
-      kernel_dtype(input.scalar_type()).has_value() && input.is_contiguous() && input.numel() > 0;
+  const bool fused = is_tanh_approximation(approximate) && input.defined() &&
+                     at::GradMode::is_enabled() && input.requires_grad() &&
+                     input.device().is_cpu() && input.layout() == at::kStrided &&
+                     kernel_dtype(input.scalar_type()).has_value() && input.is_contiguous() &&
+                     input.numel() > 0 && chosen_kernels().forward != nullptr;
   if (!fused) return at::gelu(input, std::string(approximate));
   return GeluFunction::apply(input);
 }
