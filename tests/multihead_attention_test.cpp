@@ -126,6 +126,23 @@ TEST(MultiheadAttentionTest, IsCausalWithoutAMaskEqualsAnExplicitCausalMask) {
   EXPECT_TRUE(torch::allclose(explicit_mask, hinted, 1e-6, 1e-6));
 }
 
+TEST(MultiheadAttentionTest, NoMaskUnderBf16AutocastRunsTheMathPath) {
+  // A short bf16 sequence without masks takes nn::scaled_dot_product_attention's math path,
+  // which must read the module's "no mask" (an undefined tensor) as none.
+  torch::manual_seed(5);
+  MultiheadAttention mha(torch::nn::MultiheadAttentionOptions(8, 2), /*batch_first=*/true);
+  const auto x = torch::randn({2, 5, 8}, torch::requires_grad());
+  torch::Tensor out;
+  {
+    mantissa::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+    out = std::get<0>(mha(x, x, x, torch::Tensor(), /*need_weights=*/false));
+  }
+  const auto [reference, unused] = mha(x, x, x);
+  EXPECT_TRUE(torch::allclose(out.to(torch::kFloat), reference, 3e-2, 3e-2));
+  out.to(torch::kFloat).sum().backward();
+  EXPECT_TRUE(x.grad().isfinite().all().item<bool>());
+}
+
 TEST(MultiheadAttentionTest, AnUnbatchedQueryWorks) {
   torch::manual_seed(4);
   MultiheadAttention mha(8, 2);
