@@ -26,16 +26,14 @@
 #include <mantissa/nn/attention.h>
 #include <mantissa/nn/gelu.h>
 
+#include "median.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using Step = std::function<void()>;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using mantissa_bench::median;
 
 // Median milliseconds of `ours` and `theirs`, run alternately `repeats` times after one
 // untimed call of each.

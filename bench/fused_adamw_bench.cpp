@@ -31,6 +31,7 @@
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/optim/fused_adamw.h>
 
+#include "median.h"
 #include "optim/fused_adamw_kernels.h"
 
 namespace {
@@ -50,11 +51,7 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const auto n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using mantissa_bench::median;
 
 std::vector<int64_t> split(int64_t n) {
   std::vector<int64_t> sizes;

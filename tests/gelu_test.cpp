@@ -17,8 +17,8 @@
 namespace {
 
 using mantissa::nn::detail::parallel_for_ranges;
+using mantissa::nn::detail::Ranges;
 using mantissa::nn::detail::scalar_tails;
-using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 TEST(GeluRangesTest, OneRangeWhenSmallOrSingleThreaded) {
   EXPECT_EQ(parallel_for_ranges(100, 32768, 2), (Ranges{{0, 100}}));

@@ -16,23 +16,13 @@ namespace {
 // CPU (BENCHMARKS.md: 1.6-2.2x at 64, 1.3-1.6x at 128, 0.7-0.9x at 192).
 constexpr std::int64_t kMathAttentionMaxLength = 128;
 
-// Whether CPU autocast would cast `t`: a floating tensor other than float64.
-bool autocast_casts(const at::Tensor& t) {
-  return t.defined() && t.is_floating_point() && t.scalar_type() != at::kDouble;
-}
-
-// The dtype at::scaled_dot_product_attention computes in: CPU autocast casts the floating
-// inputs to its dtype (the op is on autocast's lower-precision list).
+// The dtype at::scaled_dot_product_attention computes in: it is on CPU autocast's
+// lower-precision list, so autocast casts an eligible query (and the other tensors) to its dtype.
 c10::ScalarType compute_dtype(const at::Tensor& query) {
-  if (query.device().is_cpu() && at::autocast::is_autocast_enabled(at::kCPU) &&
-      autocast_casts(query)) {
-    return at::autocast::get_autocast_dtype(at::kCPU);
-  }
-  return query.scalar_type();
-}
-
-at::Tensor to_dtype(const at::Tensor& t, c10::ScalarType dtype) {
-  return autocast_casts(t) && t.scalar_type() != dtype ? t.to(dtype) : t;
+  return at::autocast::is_autocast_enabled(at::kCPU) &&
+                 at::autocast::is_eligible(query, c10::DeviceType::CPU)
+             ? at::autocast::get_autocast_dtype(at::kCPU)
+             : query.scalar_type();
 }
 
 }  // namespace
@@ -59,15 +49,15 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
   if (!math) {
     return at::scaled_dot_product_attention(query, key, value, mask, dropout_p, is_causal, scale);
   }
-  // What autocast's wrapper of scaled_dot_product_attention does: cast the floating inputs,
-  // then run the op with autocast off inside it.
-  const auto dtype = compute_dtype(query);
+  // What autocast's wrapper of scaled_dot_product_attention does: cast every eligible tensor
+  // argument (autocast's own cached_cast), then run the op with autocast off inside it.
   at::Tensor q = query, k = key, v = value;
   if (at::autocast::is_autocast_enabled(at::kCPU)) {
-    q = to_dtype(query, dtype);
-    k = to_dtype(key, dtype);
-    v = to_dtype(value, dtype);
-    if (mask.has_value()) mask = to_dtype(*mask, dtype);
+    const auto dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    q = at::autocast::cached_cast(dtype, query, c10::DeviceType::CPU);
+    k = at::autocast::cached_cast(dtype, key, c10::DeviceType::CPU);
+    v = at::autocast::cached_cast(dtype, value, c10::DeviceType::CPU);
+    mask = at::autocast::cached_cast(dtype, mask, c10::DeviceType::CPU);
   }
   // What at::scaled_dot_product_attention does before its math path: a bool mask (true: may
   // attend) becomes an additive one in the query's dtype, 0 or -inf.

@@ -90,20 +90,20 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
         numel, detail::aten_gelu_forward_grain(numel, at::get_num_threads()), threads);
     // The elements ATen's backward would compute with its scalar code, from the ranges its
     // at::parallel_for will hand out (default grain, the threads of now).
-    const auto derivative_scalar_ranges = detail::scalar_tails(
-        detail::parallel_for_ranges(numel, detail::kAtenGrainSize, threads), kernels.block(dtype));
+    const auto derivative_scalar_ranges =
+        detail::scalar_tails(detail::parallel_for_ranges(numel, at::internal::GRAIN_SIZE, threads),
+                             kernels.block(dtype));
     const detail::GeluForwardArgs args{dtype,
                                        input.const_data_ptr(),
                                        output.mutable_data_ptr(),
                                        derivative.mutable_data_ptr<float>(),
                                        numel,
-                                       &output_ranges,
-                                       &derivative_scalar_ranges};
+                                       output_ranges,
+                                       derivative_scalar_ranges};
     kernels.forward(args);
     // Saved as a variable, not in saved_data: the engine frees it once this node's backward has
     // run, as it frees ATen's saved input, and saved-tensor hooks see it.
     ctx->save_for_backward({derivative});
-    ctx->saved_data["dtype"] = input.scalar_type();
     return output;
   }
 
@@ -115,10 +115,13 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     const at::Tensor& grad_output = grad_outputs[0];
     if (!grad_output.defined()) return {at::Tensor()};
     const at::Tensor derivative = ctx->get_saved_variables()[0];
-    const auto dtype = ctx->saved_data["dtype"].toScalarType();
-    const at::Tensor grad = grad_output.to(dtype).contiguous();
+    // The engine hands the gradient in the output's dtype, which is the input's.
+    const at::Tensor grad = grad_output.contiguous();
+    const auto dtype = kernel_dtype(grad.scalar_type());
+    TORCH_INTERNAL_ASSERT(dtype.has_value(), "mantissa::nn::gelu: a ", grad.scalar_type(),
+                          " gradient for a float32/bfloat16/float16 output");
     at::Tensor grad_input = at::empty_like(grad, at::MemoryFormat::Contiguous);
-    const detail::GeluBackwardArgs args{*kernel_dtype(dtype), grad.const_data_ptr(),
+    const detail::GeluBackwardArgs args{*dtype, grad.const_data_ptr(),
                                         derivative.const_data_ptr<float>(),
                                         grad_input.mutable_data_ptr(), grad.numel()};
     chosen_kernels().backward(args);

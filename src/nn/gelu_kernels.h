@@ -15,7 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/TensorIterator.h>
+
 namespace mantissa::nn::detail {
+
+/// [begin, end) element ranges.
+using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 /// Storage dtypes the kernels handle.
 enum class GeluDtype : std::int8_t { kFloat, kBFloat16, kHalf };
@@ -31,10 +36,10 @@ struct GeluForwardArgs {
   /// and thread count). Each is computed as ATen computes a range, vector code and then a
   /// scalar tail, whether the ranges run on several threads or, in a build without OpenMP, on
   /// one.
-  const std::vector<std::pair<std::int64_t, std::int64_t>>* output_ranges;
+  const Ranges& output_ranges;
   /// Where ATen's backward would compute with its scalar code: the tail of each of its thread
   /// ranges (see `scalar_tails`). The derivative there is written by the scalar formula.
-  const std::vector<std::pair<std::int64_t, std::int64_t>>* derivative_scalar_ranges;
+  const Ranges& derivative_scalar_ranges;
 };
 
 /// One backward call: grad_input = grad_output * derivative, `numel` contiguous elements.
@@ -51,9 +56,8 @@ struct GeluBackwardArgs {
 /// ATen/ParallelOpenMP.h): one range when numel <= grain or threads <= 1, else
 /// min(threads, ceil(numel / grain)) ranges of ceil(numel / that) elements, the last shorter.
 /// TensorIterator::for_each splits the same way.
-inline std::vector<std::pair<std::int64_t, std::int64_t>> parallel_for_ranges(
-    std::int64_t numel, std::int64_t grain, std::int64_t threads) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+inline Ranges parallel_for_ranges(std::int64_t numel, std::int64_t grain, std::int64_t threads) {
+  Ranges ranges;
   if (numel <= 0) return ranges;
   if (numel <= grain || threads <= 1 || numel <= 1) {
     ranges.emplace_back(0, numel);
@@ -71,9 +75,8 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> parallel_for_ranges(
 /// The elements ATen's vectorized element-wise loop (cpu_kernel_vec over contiguous data)
 /// leaves to its scalar code: in each range, those past the last whole block of `block`
 /// elements (two Vectorized<T> of the kernel's dtype).
-inline std::vector<std::pair<std::int64_t, std::int64_t>> scalar_tails(
-    const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, std::int64_t block) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> tails;
+inline Ranges scalar_tails(const Ranges& ranges, std::int64_t block) {
+  Ranges tails;
   for (const auto& [begin, end] : ranges) {
     const std::int64_t vector_end = begin + (end - begin) / block * block;
     if (vector_end < end) tails.emplace_back(vector_end, end);
@@ -81,12 +84,10 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> scalar_tails(
   return tails;
 }
 
-/// at::internal::GRAIN_SIZE: the grain of ATen's element-wise kernels (its GELU backward).
-constexpr std::int64_t kAtenGrainSize = 32768;
-
-/// The grain ATen's GELU forward picks: numel / threads above 16384 elements, else GRAIN_SIZE.
+/// The grain ATen's GELU forward picks: numel / threads above 16384 elements, else
+/// at::internal::GRAIN_SIZE (the grain of its element-wise kernels, the backward's too).
 inline std::int64_t aten_gelu_forward_grain(std::int64_t numel, std::int64_t threads) {
-  return numel > 16384 ? numel / std::max<std::int64_t>(threads, 1) : kAtenGrainSize;
+  return numel > 16384 ? numel / std::max<std::int64_t>(threads, 1) : at::internal::GRAIN_SIZE;
 }
 
 // One definition per instruction set. `gelu_block` is the block of the vectorized loop for a
