@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -15,6 +18,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <mantissa/optim/fused_adamw.h>
 #include <mantissa/trainer.h>
 #include "io/filesystem.h"
 
@@ -34,6 +38,7 @@ using mantissa_test::toy_args;
 using mantissa_test::ToyDataset;
 using mantissa_test::WarningCapture;
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::ThrowsMessage;
@@ -204,6 +209,112 @@ TEST(CheckpointTest, OptimizerStateOfAnotherShapeIsAnError) {
                                                    HasSubstr("the parameter has shape [16, 8]"))));
 }
 
+// Loads `run`'s optimizer.pt into a FusedAdamW (the default optim) of the toy model, lets `edit`
+// change it, and writes it back: what a script that edits the file makes.
+void edit_optimizer(const SavedRun& run,
+                    const std::function<void(mantissa::optim::FusedAdamW&)>& edit) {
+  Trainer trainer(make_toy_model(), run.args, ToyDataset(100));
+  auto& optimizer = dynamic_cast<mantissa::optim::FusedAdamW&>(trainer.optimizer());
+  torch::serialize::InputArchive in;
+  in.load_from(run.file("optimizer.pt"));
+  optimizer.load(in);
+  edit(optimizer);
+  torch::serialize::OutputArchive out;
+  optimizer.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  write_text(run.file("optimizer.pt"), bytes.str());
+}
+
+// The state of the first parameter (fc1.weight, [16, 8]).
+mantissa::optim::FusedAdamWParamState& first_state(mantissa::optim::FusedAdamW& optimizer) {
+  const auto& param = optimizer.param_groups().at(0).params().at(0);
+  return static_cast<mantissa::optim::FusedAdamWParamState&>(
+      *optimizer.state().at(param.unsafeGetTensorImpl()));
+}
+
+mantissa::optim::FusedAdamWOptions& first_options(mantissa::optim::FusedAdamW& optimizer) {
+  return static_cast<mantissa::optim::FusedAdamWOptions&>(optimizer.param_groups().at(0).options());
+}
+
+TEST(CheckpointTest, OptimizerStateNoRunCanHaveIsAnErrorNamingTheValue) {
+  const auto run = saved_run();
+  const auto file = run.file("optimizer.pt");
+  const auto original = read_text(file);
+  using Edit = std::function<void(mantissa::optim::FusedAdamW&)>;
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {[&](auto& o) { first_options(o).lr(nan); }, "param_groups[0]: 'lr' is nan"},
+      {[](auto& o) { first_options(o).lr(-1.0); },
+       "param_groups[0]: 'lr' is -1, but it must be a finite number >= 0"},
+      {[](auto& o) {
+         first_options(o).betas({0.9, 1.5});
+       },
+       "'betas[1]' is 1.5, but it must be a finite number in [0, 1)"},
+      {[&](auto& o) { first_options(o).eps(inf); }, "'eps' is inf"},
+      {[&](auto& o) { first_options(o).weight_decay(nan); }, "'weight_decay' is nan"},
+      {[](auto& o) { first_state(o).step(torch::full({}, -3.0)); },
+       "the state 'step' of parameter 0 is -3"},
+      {[](auto& o) { first_state(o).exp_avg_sq().view(-1)[5] = -0.5; },
+       "the state 'exp_avg_sq' of parameter 0 holds negative values: 1 of its 128 values (the "
+       "first, -0.5, at flat index 5)"},
+      {[&](auto& o) { first_state(o).exp_avg().view(-1)[2] = nan; },
+       "the state 'exp_avg' of parameter 0 holds NaN or infinite values: 1 of its 128 values "
+       "(the first, nan, at flat index 2)"},
+      {[](auto& o) { first_state(o).exp_avg(first_state(o).exp_avg().to(torch::kInt)); },
+       "the state 'exp_avg' of parameter 0 is Int, not a floating-point tensor"},
+  };
+  for (const auto& [edit, message] : cases) {
+    SCOPED_TRACE(message);
+    write_text(file, original);
+    edit_optimizer(run, edit);
+    EXPECT_THAT([&] { resume(run); },
+                ThrowsMessage<c10::ValueError>(AllOf(
+                    HasSubstr("cannot load checkpoint file '" + file + "'"), HasSubstr(message))));
+  }
+  // Untouched, it resumes.
+  write_text(file, original);
+  EXPECT_NO_THROW(resume(run));
+}
+
+TEST(CheckpointTest, NonFiniteMasterWeightsAreAnErrorNamingTheValue) {
+  const auto dir = mantissa_test::toy_output_dir();
+  const auto args = toy_args(dir).max_steps(4).save_strategy("steps").save_steps(4);
+  auto bf16_model = [] {
+    auto model = make_toy_model();
+    model->to(torch::kBFloat16);
+    return model;
+  };
+  Trainer(bf16_model(), args, ToyDataset(100)).train();
+  const auto file = dir + "/checkpoint-4/master_weights.pt";
+  ASSERT_TRUE(mantissa::io::path_exists(file));
+  torch::serialize::InputArchive in;
+  in.load_from(file);
+  torch::serialize::OutputArchive out;
+  torch::Tensor size;
+  in.read("masters/size", size);
+  out.write("masters/size", size);
+  for (std::int64_t i = 0; i < size.item<std::int64_t>(); ++i) {
+    torch::Tensor master;
+    in.read("masters/" + std::to_string(i), master, /*is_buffer=*/true);
+    if (i == 1) master.view(-1)[3] = std::nan("");
+    out.write("masters/" + std::to_string(i), master, /*is_buffer=*/true);
+  }
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  write_text(file, bytes.str());
+  EXPECT_THAT(
+      [&] {
+        Trainer(bf16_model(), TrainingArguments(args).max_steps(8), ToyDataset(100))
+            .train(dir + "/checkpoint-4");
+      },
+      ThrowsMessage<c10::ValueError>(
+          AllOf(HasSubstr("cannot load checkpoint file '" + file + "'"),
+                HasSubstr("master 1 holds NaN or infinite values: 1 of its 16 values (the first, "
+                          "nan, at flat index 3)"))));
+}
+
 TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
   const auto run = saved_run();
   const auto state_file = run.file("trainer_state.json");
@@ -232,8 +343,8 @@ TEST(CheckpointTest, ATrainingArgsJsonThatIsALinkLoopIsAnError) {
   ASSERT_EQ(::unlink(args_file.c_str()), 0);
   ASSERT_EQ(::symlink(args_file.c_str(), args_file.c_str()), 0);
   EXPECT_THAT([&] { resume(run); },
-              ThrowsMessage<c10::Error>(AllOf(HasSubstr(args_file),
-                                              HasSubstr("a symbolic link that leads to no file"))));
+              ThrowsMessage<c10::Error>(
+                  AllOf(HasSubstr(args_file), HasSubstr("a symbolic link that leads to no file"))));
 }
 
 TEST(CheckpointTest, CheckpointPathThatIsAFileSaysSo) {

@@ -3,7 +3,10 @@
 // per optimizer step and travels in checkpoints, and the arguments are checked and round-trip.
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -14,7 +17,9 @@
 #include <mantissa/fp8/scaling_state.h>
 #include <mantissa/trainer.h>
 
+#include "io/atomic_file.h"
 #include "io/filesystem.h"
+#include "io/torch_save.h"
 #include "test_util.h"
 #include "toy_training.h"
 
@@ -231,9 +236,8 @@ TEST(Fp8TrainerTest, AUserFilterPicksTheFp8Layers) {
 
   Trainer none(make_fp8_model(), fp8_args(mantissa_test::toy_output_dir()), ToyDataset(100));
   none.set_float8_filter([](const mantissa::fp8::LinearLayerInfo&) { return false; });
-  EXPECT_THAT([&] { none.train(); },
-              ::testing::ThrowsMessage<c10::ValueError>(
-                  HasSubstr("layers that the filter of set_float8_filter accepts")));
+  EXPECT_THAT([&] { none.train(); }, ::testing::ThrowsMessage<c10::ValueError>(HasSubstr(
+                                         "layers that the filter of set_float8_filter accepts")));
 }
 
 TEST(Fp8TrainerTest, AModelWithoutFloat8LinearLayersIsRefused) {
@@ -316,6 +320,50 @@ TEST(Fp8TrainerTest, AnotherHistoryLengthCannotResume) {
   EXPECT_THAT([&] { trainer.train(dir + "/checkpoint-4"); },
               ::testing::ThrowsMessage<c10::ValueError>(
                   HasSubstr("another model or another fp8_amax_history_len")));
+}
+
+TEST(Fp8TrainerTest, ScalesAndAmaxesNoRunRecordsCannotResume) {
+  const auto dir = mantissa_test::toy_output_dir();
+  Trainer(make_fp8_model(), fp8_args(dir).save_strategy("steps").save_steps(4).max_steps(4),
+          ToyDataset(100))
+      .train();
+  const auto file = dir + "/checkpoint-4/fp8_state.pt";
+  const auto original = mantissa::io::read_file(file);
+  // Rewrites one entry of fp8_state.pt: `edit` changes the saved tensor.
+  const auto rewrite = [&](const char* key, const std::function<void(torch::Tensor&)>& edit) {
+    auto dict = torch::pickle_load(original).toGenericDict();
+    auto tensor = dict.at(key).toTensor().clone();
+    edit(tensor);
+    dict.insert_or_assign(key, tensor);
+    const auto bytes = mantissa::io::torch_save_bytes(dict);
+    mantissa::io::write_file_atomically(file, std::string_view(bytes.data(), bytes.size()));
+  };
+  const auto resume = [&] {
+    Trainer(make_fp8_model(), fp8_args(mantissa_test::toy_output_dir()), ToyDataset(100))
+        .train(dir + "/checkpoint-4");
+  };
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  // Column 1 is fc2's weight scale.
+  for (const double bad : {nan, inf, 0.0, -2.0}) {
+    SCOPED_TRACE(bad);
+    rewrite("scale", [&](torch::Tensor& t) { t[1] = bad; });
+    EXPECT_THAT(resume, ::testing::ThrowsMessage<c10::ValueError>(::testing::AllOf(
+                            HasSubstr("cannot load checkpoint file '" + file + "'"),
+                            HasSubstr("'scale' of 'fc2.weight' is " + c10::str(bad)),
+                            HasSubstr("1 of its 3 scales are not finite numbers > 0"))));
+  }
+  rewrite("amax_history", [](torch::Tensor& t) { t[2][0] = -1.0; });
+  EXPECT_THAT(resume,
+              ::testing::ThrowsMessage<c10::ValueError>(::testing::AllOf(
+                  HasSubstr(file), HasSubstr("'amax_history' of 'fc2.input' is -1 in row 2"),
+                  HasSubstr("an amax is an absolute value"))));
+  // NaN and inf amaxes are what an overflowing fp16 step records: they resume.
+  rewrite("amax_history", [&](torch::Tensor& t) {
+    t[1][0] = nan;
+    t[3][2] = inf;
+  });
+  EXPECT_NO_THROW(resume());
 }
 
 // ---- CUDA ------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@
 // of `run_check` below (and tests/CMakeLists.txt's list).
 #include "trainer_check_common.h"
 
+#include <mantissa/optim/fused_adamw.h>
+
 namespace {
 
 using namespace trainer_check;
@@ -152,6 +154,90 @@ int run_check(const std::string& scenario, Launch l) {
         l, 2,
         std::vector<std::string>{"--results", l.dir + "/r.st", "--die-on-rank", "1",
                                  "--die-at-step", "3", "--per_device_train_batch_size", "32"} +
+/// Loads the optimizer.pt at `path` into a FusedAdamW over stand-in parameters of the saved
+/// groups and shapes, lets `edit` change the first parameter's state, and writes the file back:
+/// what a script that edits a checkpoint makes.
+void edit_first_state(const std::string& path,
+                      const std::function<void(mantissa::optim::FusedAdamWParamState&)>& edit) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  torch::serialize::InputArchive groups_archive;
+  torch::serialize::InputArchive states;
+  archive.read("param_groups", groups_archive);
+  archive.read("state", states);
+  torch::Tensor group_count;
+  groups_archive.read("param_groups/size", group_count);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (std::int64_t g = 0; g < group_count.item<std::int64_t>(); ++g) {
+    torch::serialize::InputArchive group;
+    groups_archive.read("param_groups/" + std::to_string(g), group);
+    torch::Tensor count;
+    group.read("params/size", count);
+    std::vector<torch::Tensor> params;
+    for (std::int64_t i = 0; i < count.item<std::int64_t>(); ++i) {
+      c10::IValue key;
+      group.read("params/" + std::to_string(i), key);
+      torch::serialize::InputArchive state;
+      states.read(key.toStringRef(), state);
+      c10::IValue exp_avg;
+      state.read("exp_avg", exp_avg);
+      params.push_back(torch::zeros_like(exp_avg.toTensor()).requires_grad_());
+    }
+    groups.emplace_back(params);
+  }
+  mantissa::optim::FusedAdamW optimizer(groups);
+  optimizer.load(archive);
+  const auto& first = optimizer.param_groups().at(0).params().at(0);
+  edit(static_cast<mantissa::optim::FusedAdamWParamState&>(
+      *optimizer.state().at(first.unsafeGetTensorImpl())));
+  torch::serialize::OutputArchive out;
+  optimizer.save(out);
+  out.save_to(path);
+}
+
+/// A sharded checkpoint whose optimizer.pt holds state no run can have, resumed sharded: rank 0
+/// names the file, the tensor and the value; rank 1 points to rank 0's error.
+bool check_bad_optimizer_state(const Launch& l) {
+  const auto args = std::vector<std::string>{"--per_device_train_batch_size",
+                                             "32",
+                                             "--save_strategy",
+                                             "steps",
+                                             "--save_steps",
+                                             "4",
+                                             "--results",
+                                             l.dir + "/r.st"} +
+                    kSharded;
+  bool ok = all_zero(run_ranks(l, 2, common_flags(l.dir + "/out") + args, l.dir + "/first"));
+  const auto file = l.dir + "/out/checkpoint-4/optimizer.pt";
+  if (!ok || !mantissa::io::path_exists(file)) return false;
+  const auto original = read_text(file);
+  using State = mantissa::optim::FusedAdamWParamState;
+  const std::vector<std::pair<std::function<void(State&)>, std::string>> cases = {
+      {[](State& s) { s.exp_avg_sq().view(-1)[1] = -0.25; },
+       "the state 'exp_avg_sq' of parameter 0 holds negative values: 1 of its"},
+      {[](State& s) { s.step(torch::full({}, -1.0)); }, "the state 'step' of parameter 0 is -1"},
+      {[](State& s) { s.exp_avg(s.exp_avg().to(torch::kInt)); },
+       "the state 'exp_avg' of parameter 0 is Int, not a floating-point tensor"},
+  };
+  int n = 0;
+  for (const auto& [edit, message] : cases) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << original;
+    edit_first_state(file, edit);
+    const auto name = l.dir + "/bad" + std::to_string(n++);
+    const auto status = run_ranks(
+        l, 2,
+        common_flags(l.dir + "/out2") + args +
+            std::vector<std::string>{"--resume_from_checkpoint", l.dir + "/out/checkpoint-4"},
+        name);
+    ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    const auto rank0 = read_text(name + ".rank0.log");
+    ok &= contains(rank0, "cannot load checkpoint file '" + file + "'", "rank 0's error");
+    ok &= contains(rank0, message, "rank 0's error");
+    ok &= contains(read_text(name + ".rank1.log"), "see rank 0's error", "rank 1's error");
+  }
+  return ok;
+}
+
             common_flags(l.dir + "/out") + kSharded +
             std::vector<std::string>{"--max_steps", "100000", "--logging_steps", "100000"},
         l.dir + "/killed");
@@ -203,3 +289,5 @@ int run_check(const std::string& scenario, Launch l) {
 }  // namespace
 
 int main(int argc, char** argv) { return trainer_check_main(argc, argv, run_check); }
+  } else if (scenario == "bad_optimizer_state") {
+    ok = check_bad_optimizer_state(l);

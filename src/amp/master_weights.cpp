@@ -9,6 +9,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/serialize/archive.h>
 
+#include "value_checks.h"
+
 namespace mantissa::amp {
 namespace {
 
@@ -182,6 +184,13 @@ void MasterWeights::load(torch::serialize::InputArchive& archive) {
     TORCH_CHECK_VALUE(saved[i].sizes() == master_params_[i].sizes(), "MasterWeights::load: master ",
                       i, " has shape ", saved[i].sizes(), " in the archive but ",
                       master_params_[i].sizes(), " in the model");
+    TORCH_CHECK_VALUE(at::isFloatingType(saved[i].scalar_type()), "MasterWeights::load: master ", i,
+                      " is ", saved[i].scalar_type(), ", not a floating-point tensor");
+    // Checked before anything is copied: NaN weights would make every later loss NaN.
+    if (const auto bad = mantissa::detail::find_nonfinite(saved[i])) {
+      TORCH_CHECK_VALUE(false, "MasterWeights::load: master ", i,
+                        " holds NaN or infinite values: ", bad->text());
+    }
   }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < master_params_.size(); ++i) master_params_[i].copy_(saved[i]);

@@ -11,6 +11,7 @@
 #include <mantissa/fp8/cast.h>
 
 #include "fp8/amax_record.h"
+#include "value_checks.h"
 
 namespace mantissa::fp8 {
 
@@ -107,6 +108,25 @@ void Float8ScalingState::load_state_dict(const torch::OrderedDict<std::string, a
                       target->sizes(),
                       " ([fp8_amax_history_len, 3 per FP8 layer]): another model or another "
                       "fp8_amax_history_len");
+  }
+  // Values no run records. The history keeps NaN and inf (an overflowing step records them,
+  // and update_() skips them); a zero, negative or non-finite scale would turn every cast by it
+  // into zeros, NaN or inf.
+  const auto columns = num_scales();
+  const at::Tensor& scale = *state.find("scale");
+  if (const auto bad = mantissa::detail::find_bad_values(
+          scale, scale.isfinite().logical_not().logical_or_(scale.le(0)))) {
+    TORCH_CHECK_VALUE(false, "the FP8 scaling state's 'scale' of '", names_[bad->first], "' is ",
+                      bad->value, " (", bad->count, " of its ", columns,
+                      " scales are not finite numbers > 0); a run resumed with it would cast to "
+                      "zeros, NaN or inf");
+  }
+  const at::Tensor& history = *state.find("amax_history");
+  if (const auto bad = mantissa::detail::find_bad_values(history, history.lt(0))) {
+    TORCH_CHECK_VALUE(false, "the FP8 scaling state's 'amax_history' of '",
+                      names_[bad->first % columns], "' is ", bad->value, " in row ",
+                      bad->first / columns, " (", bad->count, " of its ", bad->numel,
+                      " entries are negative); an amax is an absolute value");
   }
   amax_history_.copy_(*state.find("amax_history"));
   scale_.copy_(*state.find("scale"));

@@ -256,12 +256,23 @@ void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
 void FusedAdamW::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
   // The archive's tensors come back on the CPU, in the dtype they were saved with.
+  std::size_t index = 0;
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const FusedAdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       auto it = state_.find(p.unsafeGetTensorImpl());
+      const auto position = index++;
       if (it == state_.end()) continue;
       auto& state = static_cast<FusedAdamWParamState&>(*it->second);
+      // Refused before the cast below would hide it (an integer moment holds no fraction).
+      for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"exp_avg", state.exp_avg()},
+                                    {"exp_avg_sq", state.exp_avg_sq()},
+                                    {"max_exp_avg_sq", state.max_exp_avg_sq()},
+                                    {"kahan_comp", state.kahan_comp()}}) {
+        TORCH_CHECK_VALUE(!t.defined() || at::isFloatingType(t.scalar_type()), "the state '", name,
+                          "' of parameter ", position, " is ", t.scalar_type(),
+                          ", not a floating-point tensor");
+      }
       const auto on = p.options().requires_grad(false);
       const auto moments = on.dtype(moment_dtype(options, p.scalar_type()));
       if (!state.step().defined()) state.step(at::zeros({}, on.dtype(at::kFloat)));

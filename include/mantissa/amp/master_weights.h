@@ -118,7 +118,9 @@ class MasterWeights {
 
   /// Reads what `save` wrote into the masters (in place, so an optimizer built on
   /// `master_params()` keeps its state) and casts them into the model parameters. Throws
-  /// `c10::ValueError` when the count or a shape does not match, naming the index.
+  /// `c10::ValueError` naming the index, before anything is copied, when the count or a shape
+  /// does not match, or a master is not floating-point or holds NaN or inf (with the first such
+  /// value). Syncs (reads the count of non-finite values).
   void load(torch::serialize::InputArchive& archive);
 
  private:

@@ -80,7 +80,10 @@ class Float8ScalingState {
   torch::OrderedDict<std::string, at::Tensor> state_dict() const;
   /// Restores what `state_dict()` returned. Throws `c10::ValueError` naming the key when one is
   /// missing or its shape or dtype differs from this state's (another model, another
-  /// `fp8_amax_history_len`).
+  /// `fp8_amax_history_len`), or when a value no run records is there: a scale that is not
+  /// finite and > 0, a negative amax (NaN and inf amaxes stay: an overflowing step records
+  /// them). The error names the scale's column (`fc2.input`) and the first bad value; nothing is
+  /// restored then. Syncs (reads the counts of bad values).
   void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& state);
 
  private:

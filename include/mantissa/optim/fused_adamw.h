@@ -161,7 +161,8 @@ class FusedAdamW : public torch::optim::Optimizer, public mantissa::amp::Support
   /// Reads what `save` or `torch::optim::AdamW::save` wrote; the state moves to each
   /// parameter's device and dtype (moments to fp32 under `fp32_moments`). The options come from
   /// the archive, as in LibTorch: an archive without the low-precision options loads as
-  /// `kNearest`.
+  /// `kNearest`. A saved moment or compensation that is not floating-point is refused (a
+  /// c10::ValueError naming it and the parameter's index) before that cast would hide it.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Makes `step()` safe to capture in a CUDA graph: each group's learning rate is then read
