@@ -315,6 +315,71 @@ TEST(CheckpointTest, NonFiniteMasterWeightsAreAnErrorNamingTheValue) {
                           "nan, at flat index 3)"))));
 }
 
+TEST(CheckpointTest, ARankTheSavingRunDidNotHaveStartsItsRandomStateAfresh) {
+  // A checkpoint of one process (rng_state.pth), restored as rank 0 and rank 1 of 2.
+  const auto run = saved_run();
+  const auto saved_state =
+      torch::pickle_load(mantissa::io::read_file(run.file("rng_state.pth"))).toGenericDict();
+  auto load_as = [&](std::int64_t rank) {
+    auto model = make_toy_model();
+    Trainer trainer(model, TrainingArguments(run.args).max_steps(8), ToyDataset(100));
+    auto state = trainer.state();
+    mantissa::amp::GradScaler scaler(mantissa::amp::GradScalerOptions().enabled(false));  // fp32
+    mantissa::detail::CheckpointParts parts;
+    parts.model = model.ptr().get();
+    parts.optimizer = &trainer.optimizer();
+    parts.scheduler = &trainer.lr_scheduler();
+    parts.scaler = &scaler;
+    parts.state = &state;
+    parts.args = &run.args;
+    parts.process_index = rank;
+    parts.num_processes = 2;
+    torch::manual_seed(12345);  // not the saved state
+    mantissa::detail::load_checkpoint(run.checkpoint, parts);
+  };
+  load_as(0);
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(),
+                           saved_state.at("cpu").toTensor()))
+      << "rank 0 restores the lone process's rng_state.pth";
+  WarningCapture warnings;
+  load_as(1);
+  EXPECT_THAT(warnings.messages,
+              Contains(AllOf(HasSubstr("holds the random states of 1 process(es), and this run "
+                                       "has 2: process 1 was not among them"),
+                             HasSubstr("starts afresh"))));
+  // The file of a process the saving run had is required.
+  ASSERT_EQ(::unlink(run.file("rng_state.pth").c_str()), 0);
+  mantissa::detail::write_rng_state(run.checkpoint, 0, 2);  // says 2 processes saved
+  EXPECT_THAT([&] { load_as(1); },
+              ThrowsMessage<c10::Error>(
+                  AllOf(HasSubstr("rng_state_1.pth' is missing: 2 process(es) saved '"),
+                        HasSubstr("process 1 among them"))));
+  // The pure rule.
+  using mantissa::detail::rng_state_to_restore;
+  EXPECT_EQ(rng_state_to_restore(0, 2, 1), std::optional<std::string>("rng_state.pth"));
+  EXPECT_EQ(rng_state_to_restore(1, 2, 1), std::nullopt);
+  EXPECT_EQ(rng_state_to_restore(0, 1, 2), std::optional<std::string>("rng_state_0.pth"));
+  EXPECT_EQ(rng_state_to_restore(2, 3, 0), std::optional<std::string>("rng_state_2.pth"));
+  EXPECT_EQ(rng_state_to_restore(0, 1, 0), std::optional<std::string>("rng_state.pth"));
+}
+
+TEST(CheckpointTest, TheSameGlobalBatchCutOtherwiseResumesFromItsStep) {
+  // Saved at batch 8 x accumulation 1; resumed at 4 x 2: the same 8 examples per step.
+  const auto run = saved_run();
+  WarningCapture warnings;
+  Trainer trainer(make_toy_model(),
+                  TrainingArguments(run.args)
+                      .max_steps(8)
+                      .per_device_train_batch_size(4)
+                      .gradient_accumulation_steps(2),
+                  ToyDataset(100));
+  trainer.train(run.checkpoint);
+  EXPECT_EQ(trainer.state().global_step, 8);
+  EXPECT_THAT(warnings.messages,
+              Contains(AllOf(HasSubstr("per_device_train_batch_size is 4 now but was 8"),
+                             HasSubstr("is 4 x 1 x 2 = 8 now and was 8 x 1 x 1 = 8"))));
+}
+
 TEST(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
   const auto run = saved_run();
   const auto state_file = run.file("trainer_state.json");

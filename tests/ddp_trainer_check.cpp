@@ -40,12 +40,20 @@ std::int64_t latest_checkpoint_step(const std::string& dir) {
 // the latest and finishes.
 bool check_sigterm(const Launch& l) {
   const auto out = l.dir + "/out";
-  const auto flags =
-      common_flags(out) +
-      std::vector<std::string>{"--results", l.dir + "/r.st", "--per_device_train_batch_size", "32",
-                               "--save_strategy", "steps", "--save_steps", "1",
-                               "--save_total_limit", "2", "--max_steps", "1000000",
-                               "--logging_steps", "1000000"};
+  const auto flags = common_flags(out) + std::vector<std::string>{"--results",
+                                                                  l.dir + "/r.st",
+                                                                  "--per_device_train_batch_size",
+                                                                  "32",
+                                                                  "--save_strategy",
+                                                                  "steps",
+                                                                  "--save_steps",
+                                                                  "1",
+                                                                  "--save_total_limit",
+                                                                  "2",
+                                                                  "--max_steps",
+                                                                  "1000000",
+                                                                  "--logging_steps",
+                                                                  "1000000"};
   const auto port = mt::free_port();
   const auto base = mt::environment_without_launcher_variables();
   std::vector<pid_t> pids;
@@ -54,8 +62,8 @@ bool check_sigterm(const Launch& l) {
     for (const auto& kv : mt::rank_variables(rank, 2, port)) env.push_back(kv);
     std::vector<std::string> args = {"trainer_check", "worker"};
     args.insert(args.end(), flags.begin(), flags.end());
-    pids.push_back(mt::start_process(l.self, args, env,
-                                     l.dir + "/term.rank" + std::to_string(rank) + ".log"));
+    pids.push_back(
+        mt::start_process(l.self, args, env, l.dir + "/term.rank" + std::to_string(rank) + ".log"));
   }
   bool signalled = false;
   const auto status = mt::wait_for(pids, l.deadline_s, [&](const std::vector<int>&) {
@@ -63,8 +71,8 @@ bool check_sigterm(const Launch& l) {
     for (const auto pid : pids) ::kill(pid, SIGTERM);
     signalled = true;
   });
-  std::cout << "SIGTERM sent: " << signalled << "; exit statuses " << status[0] << ", "
-            << status[1] << std::endl;
+  std::cout << "SIGTERM sent: " << signalled << "; exit statuses " << status[0] << ", " << status[1]
+            << std::endl;
   bool ok = signalled && status[0] != -1 && status[1] != -1;
   int whole = 0;
   for (const auto& name : mantissa::io::list_directory(out)) {
@@ -167,19 +175,39 @@ int run_check(const std::string& scenario, Launch l) {
                                      checkpoint, "--results", l.dir + "/resumed.st"},
         l.dir + "/resumed");
     ok &= all_zero(status);
-    // The same checkpoint continued by one process: it trains on, and warns that the examples
-    // and random states now differ from the uninterrupted run's.
+    // The same checkpoint continued by one process at twice the batch (the same global batch,
+    // as an elastic job does): it trains on, and warns that the examples and random states now
+    // differ from the uninterrupted run's.
     const auto alone = l.dir + "/alone.log";
     ok &=
         run_alone(l,
                   common_flags(l.dir + "/alone") +
                       std::vector<std::string>{"--dropout", "0.2", "--per_device_train_batch_size",
-                                               "32", "--resume_from_checkpoint", checkpoint,
+                                               "64", "--resume_from_checkpoint", checkpoint,
                                                "--results", l.dir + "/alone.st"},
                   alone) == 0;
     ok &= contains(read_text(alone), "which a run of 2 process(es) saved, with 1 process(es)",
                    "the lone process's warning");
-    ok &= contains(read_text(alone), "has no rng_state.pth", "the lone process's warning");
+    ok &= contains(read_text(alone), "is 64 x 1 x 1 = 64 now and was 32 x 2 x 1 = 64",
+                   "the lone process's warning");
+    // A lone process's checkpoint (rng_state.pth) continued by 2 ranks: rank 0 restores that
+    // file, rank 1 (which the saving run did not have) starts its random state afresh.
+    ok &= run_alone(l,
+                    flags + common_flags(l.dir + "/lone") +
+                        std::vector<std::string>{"--save_strategy", "steps", "--results",
+                                                 l.dir + "/lone.st"},
+                    l.dir + "/lone.log") == 0;
+    status = run_ranks(
+        l, 2,
+        flags + common_flags(l.dir + "/from-lone") +
+            std::vector<std::string>{"--resume_from_checkpoint", l.dir + "/lone/checkpoint-4",
+                                     "--results", l.dir + "/from-lone.st"},
+        l.dir + "/from-lone");
+    ok &= all_zero(status);
+    ok &= contains(read_text(l.dir + "/from-lone.rank0.log"),
+                   "which a run of 1 process(es) saved, with 2 process(es)", "rank 0's warning");
+    ok &= contains(read_text(l.dir + "/from-lone.rank1.log"), "process 1 was not among them",
+                   "rank 1's warning");
     if (ok) {
       for (int r = 0; r < 2; ++r) {
         const auto suffix = ".rank" + std::to_string(r);
@@ -198,7 +226,7 @@ int run_check(const std::string& scenario, Launch l) {
                        l.dir + "/lost");
     ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
     ok &= contains(read_text(l.dir + "/lost.rank1.log"),
-                   "rng_state_1.pth' is missing: 2 processes saved", "rank 1's error");
+                   "rng_state_1.pth' is missing: 2 process(es) saved", "rank 1's error");
     ok &= contains(read_text(l.dir + "/lost.rank0.log"), "another process could not load it",
                    "rank 0's error");
   } else if (scenario == "sigterm") {

@@ -133,6 +133,14 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_against_ddp(l, {"--gradient_accumulation_steps", "2"}, 1e-6, 1e-7, false);
   } else if (scenario == "bf16_masters") {
     // bf16 autocast on a bf16 model with fp32 master shards; the tolerance DDP shows against
+  // A lone process's checkpoint (rng_state.pth) resumed sharded by 2 ranks: rank 1, which the
+  // saving run did not have, starts its random state afresh with a warning.
+  ok &= all_zero(run("lone-full", 1, {}));
+  ok &= all_zero(run("lone-then-sharded", 2,
+                     kSharded + std::vector<std::string>{"--resume_from_checkpoint",
+                                                         l.dir + "/lone-full/checkpoint-4"}));
+  ok &= contains(read_text(l.dir + "/lone-then-sharded.rank1.log"), "process 1 was not among them",
+                 "rank 1's warning");
     // one process (ddp.bf16_masters).
     ok = check_against_ddp(l, {"--model_dtype", "bf16", "--bf16"}, 1e-4, 3e-2, true);
   } else if (scenario == "pure_bf16") {

@@ -12,6 +12,7 @@ using mantissa::TrainingArguments;
 using mantissa::detail::compare_resumed_arguments;
 using mantissa::detail::resume_position;
 using mantissa::detail::RunShape;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
@@ -90,6 +91,46 @@ TEST(ResumeCheckTest, ChangedArgumentsAreSortedByWhatTheyBreak) {
       compare_resumed_arguments(TrainingArguments().optim("adamw_torch"), TrainingArguments())
           .errors,
       IsEmpty());
+}
+
+TEST(ResumeCheckTest, TheGlobalBatchDecidesAChangedBatchSplit) {
+  using mantissa::detail::ProcessCounts;
+  // 2 processes x 32 saved, 1 process x 64 now: the same 64 examples per step.
+  const auto saved = TrainingArguments().per_device_train_batch_size(32);
+  const auto alone = TrainingArguments(saved).per_device_train_batch_size(64);
+  auto changes = compare_resumed_arguments(alone, saved, ProcessCounts{1, 2});
+  EXPECT_THAT(changes.errors, IsEmpty());
+  EXPECT_TRUE(changes.batch_regrouped);
+  ASSERT_EQ(changes.warnings.size(), 1u);
+  EXPECT_THAT(changes.warnings[0],
+              AllOf(HasSubstr("per_device_train_batch_size is 64 now but was 32"),
+                    HasSubstr("is 64 x 1 x 1 = 64 now and was 32 x 2 x 1 = 64"),
+                    HasSubstr("the run continues from it")));
+  // The same process count, half the batch and twice the accumulation.
+  const auto accumulated =
+      TrainingArguments(saved).per_device_train_batch_size(16).gradient_accumulation_steps(2);
+  changes = compare_resumed_arguments(accumulated, saved, ProcessCounts{2, 2});
+  EXPECT_THAT(changes.errors, IsEmpty());
+  EXPECT_TRUE(changes.batch_regrouped);
+  EXPECT_EQ(changes.warnings.size(), 2u);
+  // Another global batch: refused, with both products.
+  changes = compare_resumed_arguments(alone, saved, ProcessCounts{2, 2});
+  EXPECT_FALSE(changes.batch_regrouped);
+  EXPECT_THAT(changes.errors, UnorderedElementsAre(AllOf(
+                                  HasSubstr("per_device_train_batch_size is 64 now but was 32"),
+                                  HasSubstr("is 64 x 2 x 1 = 128 now and was 32 x 2 x 1 = 64"))));
+  // An unknown saved count (0) is taken as this run's.
+  EXPECT_THAT(compare_resumed_arguments(alone, saved, ProcessCounts{1, 0}).errors,
+              UnorderedElementsAre(HasSubstr("= 64 now and was 32 x 1 x 1 = 32")));
+  // Only the process count changed: nothing to judge here (the Trainer warns).
+  changes = compare_resumed_arguments(saved, saved, ProcessCounts{1, 2});
+  EXPECT_THAT(changes.errors, IsEmpty());
+  EXPECT_THAT(changes.warnings, IsEmpty());
+  EXPECT_FALSE(changes.batch_regrouped);
+  // A saved batch whose product leaves int64 never equals this run's.
+  const auto huge = TrainingArguments(saved).per_device_train_batch_size(std::int64_t{1} << 62);
+  EXPECT_THAT(compare_resumed_arguments(alone, huge, ProcessCounts{1, 4}).errors,
+              UnorderedElementsAre(HasSubstr("beyond int64")));
 }
 
 }  // namespace

@@ -203,14 +203,22 @@ std::optional<std::int64_t> recorded_world_size(const std::string& path) {
     const auto states = value.toGenericDict();
     if (!states.contains(kWorldSizeKey)) return;
     const auto size = states.at(kWorldSizeKey);
-    TORCH_CHECK_VALUE(size.isInt() && size.toInt() >= 1 && size.toInt() <= (1 << 24),
-                      "its '", kWorldSizeKey, "' is ", size, ", not a number of processes");
+    TORCH_CHECK_VALUE(size.isInt() && size.toInt() >= 1 && size.toInt() <= (1 << 24), "its '",
+                      kWorldSizeKey, "' is ", size, ", not a number of processes");
     recorded = size.toInt();
   });
   return recorded;
 }
 
 }  // namespace
+
+std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
+                                                std::int64_t num_processes,
+                                                std::int64_t saved_processes) {
+  if (saved_processes == 0) return rng_state_name(process_index, num_processes);
+  if (process_index >= saved_processes) return std::nullopt;
+  return rng_state_name(process_index, saved_processes);
+}
 
 std::int64_t saved_process_count(const std::string& dir) {
   std::vector<std::string> names;
@@ -242,36 +250,36 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("model.safetensors"),
           [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
   if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
-  if (parts.optimizer != nullptr) loading(file("optimizer.pt"), [&] {
-    torch::serialize::InputArchive archive;
-    io::load_torch_archive(file("optimizer.pt"), archive);
-    check_optimizer_family(*parts.optimizer, archive);
-    parts.optimizer->load(archive);
-    check_optimizer_state(*parts.optimizer);
-  });
+  if (parts.optimizer != nullptr)
+    loading(file("optimizer.pt"), [&] {
+      torch::serialize::InputArchive archive;
+      io::load_torch_archive(file("optimizer.pt"), archive);
+      check_optimizer_family(*parts.optimizer, archive);
+      parts.optimizer->load(archive);
+      check_optimizer_state(*parts.optimizer);
+    });
   loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });
   loading(file("scaler.pt"), [&] {
     if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
   });
   if (parts.fp8_state != nullptr) load_fp8_state(dir, *parts.fp8_state);
-  const auto rng_name = rng_state_name(parts.process_index, parts.num_processes);
-  const auto rng_file = io::join_path(dir, rng_name);
   const auto saved_processes = saved_process_count(dir);
-  // A process of the saving run that is also one of this run's must find its file.
-  const bool was_saved_here = parts.num_processes > 1 && parts.process_index < saved_processes;
-  TORCH_CHECK(io::entry_exists(rng_file) || !was_saved_here,
-              "checkpoint file '", shorten_path(rng_file), "' is missing: ", saved_processes,
-              " processes saved '", shorten_path(dir), "', process ", parts.process_index,
-              " among them");
-  if (!io::path_exists(rng_file) && saved_processes > 0 && saved_processes != parts.num_processes) {
-    // A run of another size saved it. HF goes on without the file too: the run continues,
-    // but not bit for bit. (Missing from a checkpoint of this run's size, it is an error.)
-    TORCH_WARN("the checkpoint '", dir, "' has no ", rng_name, ": ", saved_processes,
-               " process(es) saved it, and this run has ", parts.num_processes,
-               ", so the random state of process ", parts.process_index,
-               " (dropout, ...) starts afresh instead of where it stood");
+  const auto rng_name =
+      rng_state_to_restore(parts.process_index, parts.num_processes, saved_processes);
+  if (!rng_name) {
+    // A process the saving run did not have. HF goes on without its file too: the run
+    // continues, but not bit for bit.
+    TORCH_WARN("the checkpoint '", shorten_path(dir), "' holds the random states of ",
+               saved_processes, " process(es), and this run has ", parts.num_processes,
+               ": process ", parts.process_index,
+               " was not among them, so its random state (dropout, ...) starts afresh");
     return;
   }
+  const auto rng_file = io::join_path(dir, *rng_name);
+  // A process of the saving run must find the file it wrote.
+  TORCH_CHECK(io::entry_exists(rng_file) || saved_processes == 0, "checkpoint file '",
+              shorten_path(rng_file), "' is missing: ", saved_processes, " process(es) saved '",
+              shorten_path(dir), "', process ", parts.process_index, " among them");
   loading(rng_file, [&] { restore_rng_states(io::load_torch_file(rng_file)); });
 }
 

@@ -75,13 +75,25 @@ void write_rng_state(const std::string& folder, std::int64_t process_index,
 /// neither. An unreadable rng_state file raises an error naming it.
 std::int64_t saved_process_count(const std::string& dir);
 
+/// The rng_state file that process `process_index` of a run of `num_processes` restores from a
+/// checkpoint that `saved_processes` processes saved (`saved_process_count`): the one that
+/// process wrote, named by the saving run's size (`rng_state.pth` when one process saved it,
+/// else `rng_state_<process_index>.pth`), or nullopt for a process the saving run did not have,
+/// whose random state starts afresh. A checkpoint that does not say (0) is read by this run's
+/// size, as HF does. Pure.
+std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
+                                                std::int64_t num_processes,
+                                                std::int64_t saved_processes);
+
 /// Restores everything from a checkpoint folder; a null `parts.optimizer` leaves optimizer.pt
 /// unread (a sharded run reads it on rank 0 alone). A missing or corrupt file raises a
 /// c10::Error naming the file. With `fp8_state`, a checkpoint without fp8_state.pt is refused
 /// when its training_args.json says it trained with the delayed FP8 recipe (the file was lost),
 /// and otherwise (a run without FP8 or with current scaling) continues from fresh scales, with a
-/// warning. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
-/// `_load_rng_state`. Syncs.
+/// warning. The random state comes from the file `rng_state_to_restore` names: a process the
+/// saving run did not have starts afresh with a warning; one that it had and whose file is
+/// missing is an error. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler`
+/// + `_load_rng_state`. Syncs.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 
 /// Loads only the weights of a checkpoint into `model`, and into `masters` when not null (from

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include <c10/util/Exception.h>
@@ -20,8 +22,10 @@ bool among(const std::string_view (&names)[N], std::string_view name) {
 
 // Changing these moves what the saved position points at: the same step count would name other
 // batches.
-constexpr std::string_view kPositionFields[] = {
-    "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last"};
+constexpr std::string_view kPositionFields[] = {"dataloader_drop_last"};
+// These too, unless the global batch they make with the process count stays the same.
+constexpr std::string_view kBatchFields[] = {"per_device_train_batch_size",
+                                             "gradient_accumulation_steps"};
 // optimizer.pt, scheduler.pt and scaler.pt hold these, so the saved values stay in force.
 constexpr std::string_view kRestoredFields[] = {
     "learning_rate", "weight_decay",        "adam_beta1",        "adam_beta2",
@@ -43,6 +47,17 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
                                                   "run_name"};
 
 }  // namespace
+// per_device_train_batch_size x processes x gradient_accumulation_steps, or nullopt when it
+// does not fit in int64 (a saved training_args.json is read unvalidated).
+std::optional<std::int64_t> global_batch(const TrainingArguments& args, std::int64_t processes) {
+  const auto per_step = checked_mul(args.per_device_train_batch_size(), processes);
+  return per_step ? checked_mul(*per_step, args.gradient_accumulation_steps()) : std::nullopt;
+}
+
+std::string shown(const std::optional<std::int64_t>& value) {
+  return value ? std::to_string(*value) : std::string("beyond int64");
+}
+
 
 bool is_execution_detail(std::string_view field) { return among(kUnreportedFields, field); }
 
@@ -83,10 +98,21 @@ ResumePosition resume_position(const TrainerState& state, const RunShape& run) {
 }
 
 ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
-                                          const TrainingArguments& saved) {
+                                          const TrainingArguments& saved, ProcessCounts processes) {
   const auto current = nlohmann::json::parse(now.to_json());
   const auto before = nlohmann::json::parse(saved.to_json());
   ArgumentChanges changes;
+  const auto global_now = global_batch(now, processes.now);
+  const auto global_saved =
+      global_batch(saved, processes.saved > 0 ? processes.saved : processes.now);
+  const bool same_global_batch = global_now && global_now == global_saved;
+  const std::string global_text = fmt::format(
+      "the global batch (per_device_train_batch_size x processes x gradient_accumulation_steps) "
+      "is {} x {} x {} = {} now and was {} x {} x {} = {}",
+      now.per_device_train_batch_size(), processes.now, now.gradient_accumulation_steps(),
+      shown(global_now), saved.per_device_train_batch_size(),
+      processes.saved > 0 ? processes.saved : processes.now, saved.gradient_accumulation_steps(),
+      shown(global_saved));
   for (const auto& [key, value] : current.items()) {
     const auto it = before.find(key);
     if (it == before.end() || *it == value || is_execution_detail(key)) continue;
@@ -95,7 +121,17 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
     const bool optimizer_family_changes =
         key == "optim" &&
         (now.optim() == OptimizerNames::kSgd) != (saved.optim() == OptimizerNames::kSgd);
-    if (among(kPositionFields, key)) {
+    if (among(kBatchFields, key)) {
+      if (same_global_batch) {
+        changes.batch_regrouped = true;
+        changes.warnings.push_back(change + "; " + global_text +
+                                   ", so the saved step counts the same examples and the run "
+                                   "continues from it");
+      } else {
+        changes.errors.push_back(
+            change + " (the saved step would point at other batches: " + global_text + ")");
+      }
+    } else if (among(kPositionFields, key)) {
       changes.errors.push_back(change + " (the saved step would point at other batches)");
     } else if (optimizer_family_changes) {
       changes.errors.push_back(change + " (optimizer.pt holds the other optimizer's state)");

@@ -42,6 +42,18 @@ ResumePosition resume_position(const TrainerState& state, const RunShape& run);
 struct ArgumentChanges {
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
+  /// The same global batch cut otherwise (`per_device_train_batch_size` or
+  /// `gradient_accumulation_steps` changed with it): a saved step still means the same examples
+  /// seen, but a position inside an epoch counts batches of the old size, so the run continues
+  /// from `global_step` alone, placed as HF places it.
+  bool batch_regrouped = false;
+};
+
+/// How many processes ran the saved run and run this one (the data-parallel world size). 0
+/// for `saved`: unknown (a checkpoint without rng_state files), taken as `now`.
+struct ProcessCounts {
+  std::int64_t now = 1;
+  std::int64_t saved = 1;
 };
 
 /// Whether a TrainingArguments field only says where and how a process runs (output_dir,
@@ -51,8 +63,14 @@ bool is_execution_detail(std::string_view field);
 
 /// Compares every field of `now` with `saved` (the checkpoint's `training_args.json`).
 /// Fields that only say where and how to run (output_dir, dataloader workers, progress bar,
-/// CUDA graphs) are not reported.
+/// CUDA graphs) are not reported. A changed `per_device_train_batch_size` or
+/// `gradient_accumulation_steps` is judged by the global batch (per-device batch x processes x
+/// accumulation, as in HF's `total_train_batch_size`): the same in both runs (an elastic job
+/// that halves its processes and doubles the batch), a warning and `batch_regrouped`; another
+/// global batch, an error, since the saved step would count other examples. A change of the
+/// process count alone is not judged here (the Trainer warns about it).
 ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
-                                          const TrainingArguments& saved);
+                                          const TrainingArguments& saved,
+                                          ProcessCounts processes = {});
 
 }  // namespace mantissa::detail

@@ -213,6 +213,7 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
   // One count: it reads an rng_state file.
   const auto saved_processes = io::is_directory(dir) ? detail::saved_process_count(dir) : 0;
   const bool other_world_size = saved_processes > 0 && saved_processes != strategy_->world_size();
+  bool batch_regrouped = false;
   if (other_world_size) {
     if (state_.is_world_process_zero) {
       TORCH_WARN("resuming from '", dir, "', which a run of ", saved_processes,
@@ -222,7 +223,8 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
     }
   }
   if (const auto saved = detail::load_checkpoint_arguments(dir)) {
-    const auto changes = detail::compare_resumed_arguments(args_, *saved);
+    const auto changes = detail::compare_resumed_arguments(
+        args_, *saved, {strategy_->world_size(), saved_processes});
     TORCH_CHECK_VALUE(changes.errors.empty(), "cannot resume from '", dir,
                       "': ", c10::Join("; ", changes.errors),
                       ". Resume with the saved values, or start a new run in another output_dir.");
@@ -231,15 +233,20 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
                  "' with arguments that differ from its training_args.json: ",
                  c10::Join("; ", changes.warnings));
     }
+    batch_regrouped = changes.batch_regrouped;
   }
   const TrainerState fresh = state_;
   auto parts = checkpoint_parts();
-  parts.check_state = [this, other_world_size](TrainerState saved) {
-    if (other_world_size) saved.steps_in_epoch = 0;
+  // The same global batch cut otherwise (compare_resumed_arguments) is placed by global_step
+  // too: its position in the epoch and its train_batch_size count batches of the old size.
+  const bool by_global_step = other_world_size || batch_regrouped;
+  parts.check_state = [this, by_global_step, batch_regrouped](TrainerState saved) {
+    if (by_global_step) saved.steps_in_epoch = 0;
+    if (batch_regrouped) saved.train_batch_size = 0;
     detail::resume_position(saved, objects_.schedule.run_shape());
   };
   strategy_->load_checkpoint(dir, parts);
-  if (other_world_size) state_.steps_in_epoch = 0;
+  if (by_global_step) state_.steps_in_epoch = 0;
   mark_process(state_);
   // What the interrupted run logged past its checkpoint is logged again from here.
   if (strategy_->should_save()) metrics_log_.drop_after(state_.global_step);
