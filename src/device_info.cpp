@@ -4,6 +4,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/cpu/Utils.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -42,9 +43,29 @@ const DeviceInfo& query_device_info() {
     } catch (const c10::Error&) {
       d.cpu_fp16 = false;
     }
+    std::vector<std::pair<std::string, bool>> flags;
+    for (const auto& [key, value] : at::cpu::get_cpu_capabilities()) {
+      if (value.isBool()) flags.emplace_back(key, value.toBool());
+    }
+    d.cpu_native_bf16 = has_native_bf16_flag(flags);
     return d;
   }();
   return info;
+}
+
+bool has_native_bf16_flag(const std::vector<std::pair<std::string, bool>>& capability_flags) {
+  for (const auto& [key, present] : capability_flags) {
+    // cpuinfo names bf16 arithmetic avx512_bf16 and amx_bf16 on x86, bf16 / sve_bf16 on Arm;
+    // avx_ne_convert only converts.
+    if (present && key.find("bf16") != std::string::npos) return true;
+  }
+  return false;
+}
+
+std::string emulated_bf16_note(bool on_cpu, c10::ScalarType compute_dtype, bool cpu_native_bf16) {
+  if (!on_cpu || compute_dtype != c10::kBFloat16 || cpu_native_bf16) return "";
+  return " (this CPU has no native bf16, neither AVX512-BF16 nor AMX: bf16 math is emulated and "
+         "runs several times slower than fp32)";
 }
 
 void check_precision_support(const TrainingArguments& args, const DeviceInfo& info) {

@@ -52,6 +52,21 @@ std::optional<std::string> missing_instructions(const char* requested, const Cpu
   return std::nullopt;
 }
 
+/// Why a run under `requested` would repeat the plain run, or nullopt: asked for avx2 on an x86
+/// CPU that can run AVX2 and FMA but not ATen's AVX512 level, ATen runs exactly the kernels it
+/// picks by itself (the highest level the CPU has), so the CPU suite under ATEN_CPU_CAPABILITY=avx2
+/// is the plain run a second time (AMD Zen 3, Intel cores before AVX512).
+std::optional<std::string> repeats_own_level(const char* requested, const CpuFeatures& cpu,
+                                             bool x86) {
+  if (requested == nullptr || !x86 || std::string(requested) != "avx2") return std::nullopt;
+  const bool own_avx512 =
+      cpu.avx512f && cpu.avx512vl && cpu.avx512bw && cpu.avx512dq && cpu.fma;
+  if (cpu.avx2 && cpu.fma && !own_avx512) {
+    return "avx2 is the highest level this CPU has, so ATen already runs it without the variable";
+  }
+  return std::nullopt;
+}
+
 constexpr bool kX86 =
 #if defined(__x86_64__)
     true;
@@ -66,6 +81,10 @@ class CpuCapabilityGuard : public ::testing::Environment {
     if (const auto missing = missing_instructions(requested, this_cpu(), kX86)) {
       GTEST_SKIP() << "this CPU cannot run ATEN_CPU_CAPABILITY=" << requested << ": it lacks "
                    << *missing << ", and ATen would use them anyway; not running the suite";
+    }
+    if (const auto repeat = repeats_own_level(requested, this_cpu(), kX86)) {
+      GTEST_SKIP() << "ATEN_CPU_CAPABILITY=" << requested << " repeats the run without it: "
+                   << *repeat << "; not running the suite twice";
     }
   }
 };
@@ -93,6 +112,13 @@ TEST(CpuCapabilityGuardTest, SkipsOnlyWhatTheCpuCannotRun) {
       << "ATen ignores other spellings";
   EXPECT_EQ(missing_instructions("avx2", none, false), std::nullopt)
       << "and the x86 names elsewhere";
+  EXPECT_EQ(repeats_own_level(nullptr, avx2, true), std::nullopt);
+  EXPECT_EQ(repeats_own_level("default", avx2, true), std::nullopt);
+  EXPECT_NE(repeats_own_level("avx2", avx2, true), std::nullopt) << "Zen 3: the plain run is avx2";
+  EXPECT_EQ(repeats_own_level("avx2", avx512, true), std::nullopt) << "the plain run is avx512";
+  EXPECT_EQ(repeats_own_level("avx2", avx2_without_fma, true), std::nullopt)
+      << "the plain run is default";
+  EXPECT_EQ(repeats_own_level("avx2", avx2, false), std::nullopt);
   // This machine runs the level it is being tested under (else the guard skipped this test).
   EXPECT_EQ(missing_instructions(std::getenv("ATEN_CPU_CAPABILITY"), this_cpu(), kX86),
             std::nullopt);

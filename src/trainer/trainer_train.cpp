@@ -14,6 +14,7 @@
 #include <mantissa/memory/cpu_caching_allocator.h>
 
 #include "address_sanitizer.h"
+#include "device_info.h"
 #include "scoped_value.h"
 #include "trainer/eager_engine.h"
 #include "trainer/graph_engine.h"
@@ -64,11 +65,13 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   const detail::ScopedValue<detail::Progress*> use_progress(progress_, &progress);
   progress.print(fmt::format(
       "mantissa: {} on {}; {} examples, {} epochs, {} optimizer steps of batch {}{} x {} "
-      "accumulation{}",
+      "accumulation{}{}",
       plan_.describe(), device_.str(), train_.size, objects_.schedule.num_epochs, max_steps,
       args_.per_device_train_batch_size(), strategy_->describe(),
       args_.gradient_accumulation_steps(),
-      resume ? fmt::format(", resuming at step {}", state_.global_step) : ""));
+      resume ? fmt::format(", resuming at step {}", state_.global_step) : "",
+      detail::emulated_bf16_note(device_.is_cpu(), plan_.compute_dtype,
+                                 detail::query_device_info().cpu_native_bf16)));
   if (const auto held = strategy_->describe_optimizer_state(); !held.empty()) progress.print(held);
 
   detail::LossWindow loss_window(device_, args_.logging_nan_inf_filter());
