@@ -30,7 +30,10 @@ using CheckpointedFunction = std::function<std::vector<at::Tensor>(const std::ve
 /// requires grad. Other tensors `fn` uses must be leaves (parameters): the recompute's
 /// backward would run into the graph outside `fn`. Inputs must be defined tensors, outputs floating
 /// point (else `c10::ValueError`). With grad mode off (evaluation) this is `fn(inputs)`. `fn` must
-/// compute the same thing both times: no side effects that differ between the runs. Not for
+/// compute the same thing both times: no side effects that differ between the runs. `fn` is
+/// kept and called again in the backward, after the caller has returned: it must own what it
+/// uses (capture tensors made by the caller's forward, such as RoPE tables or masks, by value,
+/// never by reference). Not for
 /// `torch::autograd::grad` (use `backward`), nor inside a CUDA graph capture (the generators'
 /// states cannot be read there). No host sync beyond reading the generators' states.
 std::vector<at::Tensor> checkpoint(const CheckpointedFunction& fn,

@@ -38,6 +38,9 @@ class SupportsGradientCheckpointing {
  protected:
   /// `fn(x)` through `checkpoint` when checkpointing is on, `training` is true and grad mode
   /// is enabled; else `fn(x)` directly. `preserve_rng_state` follows the kwargs (default true).
+  /// `fn` is kept and called again in the backward, after the model's `forward()` returned:
+  /// capture per-forward tensors (RoPE tables, masks) by value, not by reference
+  /// (docs/trainer.md, "Saving memory", shows a `ModuleList` of decoder layers).
   at::Tensor maybe_checkpoint(bool training, const std::function<at::Tensor(const at::Tensor&)>& fn,
                               const at::Tensor& x) const {
     if (!enabled_ || !training || !at::GradMode::is_enabled()) return fn(x);
