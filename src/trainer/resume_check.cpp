@@ -46,7 +46,6 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
                                                   "report_to",
                                                   "run_name"};
 
-}  // namespace
 // per_device_train_batch_size x processes x gradient_accumulation_steps, or nullopt when it
 // does not fit in int64 (a saved training_args.json is read unvalidated).
 std::optional<std::int64_t> global_batch(const TrainingArguments& args, std::int64_t processes) {
@@ -58,6 +57,7 @@ std::string shown(const std::optional<std::int64_t>& value) {
   return value ? std::to_string(*value) : std::string("beyond int64");
 }
 
+}  // namespace
 
 bool is_execution_detail(std::string_view field) { return among(kUnreportedFields, field); }
 
@@ -101,7 +101,6 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
                                           const TrainingArguments& saved, ProcessCounts processes) {
   const auto current = nlohmann::json::parse(now.to_json());
   const auto before = nlohmann::json::parse(saved.to_json());
-  ArgumentChanges changes;
   const auto global_now = global_batch(now, processes.now);
   const auto global_saved =
       global_batch(saved, processes.saved > 0 ? processes.saved : processes.now);
@@ -113,6 +112,7 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
       shown(global_now), saved.per_device_train_batch_size(),
       processes.saved > 0 ? processes.saved : processes.now, saved.gradient_accumulation_steps(),
       shown(global_saved));
+  ArgumentChanges changes;
   for (const auto& [key, value] : current.items()) {
     const auto it = before.find(key);
     if (it == before.end() || *it == value || is_execution_detail(key)) continue;
