@@ -108,6 +108,14 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
   ok &= all_zero(run("resumed-3", 3, kSharded + resume));
   ok &= contains(read_text(l.dir + "/resumed-3.rank0.log"),
                  "which a run of 2 process(es) saved, with 3 process(es)", "3 ranks' warning");
+  // A lone process's checkpoint (rng_state.pth) resumed sharded by 2 ranks: rank 1, which the
+  // saving run did not have, starts its random state afresh with a warning.
+  ok &= all_zero(run("lone-full", 1, {}));
+  ok &= all_zero(run("lone-then-sharded", 2,
+                     kSharded + std::vector<std::string>{"--resume_from_checkpoint",
+                                                         l.dir + "/lone-full/checkpoint-4"}));
+  ok &= contains(read_text(l.dir + "/lone-then-sharded.rank1.log"), "process 1 was not among them",
+                 "rank 1's warning");
   // The other way: a DDP run's checkpoint resumed with sharded states.
   ok &= all_zero(run("ddp-full", 2, {}));
   ok &= all_zero(run("ddp-then-sharded", 2,
@@ -121,47 +129,6 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
   return ok;
 }
 
-int run_check(const std::string& scenario, Launch l) {
-  const char* tmp = std::getenv("TMPDIR");
-  l.dir = mantissa::io::make_temp_directory(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                            "mantissa-fsdp-" + scenario + "-");
-  std::cout << "check: " << scenario << " in " << l.dir << std::endl;
-  bool ok = false;
-  if (scenario == "fp32") {
-    ok = check_against_ddp(l, {}, 1e-6, 1e-7, /*compare_eval=*/true);
-  } else if (scenario == "accumulation") {
-    ok = check_against_ddp(l, {"--gradient_accumulation_steps", "2"}, 1e-6, 1e-7, false);
-  } else if (scenario == "bf16_masters") {
-    // bf16 autocast on a bf16 model with fp32 master shards; the tolerance DDP shows against
-  // A lone process's checkpoint (rng_state.pth) resumed sharded by 2 ranks: rank 1, which the
-  // saving run did not have, starts its random state afresh with a warning.
-  ok &= all_zero(run("lone-full", 1, {}));
-  ok &= all_zero(run("lone-then-sharded", 2,
-                     kSharded + std::vector<std::string>{"--resume_from_checkpoint",
-                                                         l.dir + "/lone-full/checkpoint-4"}));
-  ok &= contains(read_text(l.dir + "/lone-then-sharded.rank1.log"), "process 1 was not among them",
-                 "rank 1's warning");
-    // one process (ddp.bf16_masters).
-    ok = check_against_ddp(l, {"--model_dtype", "bf16", "--bf16"}, 1e-4, 3e-2, true);
-  } else if (scenario == "pure_bf16") {
-    ok = check_against_ddp(
-        l, {"--model_dtype", "bf16", "--bf16", "--master_weights", "off"}, 1e-4, 3e-2, false);
-  } else if (scenario == "fp16_loss_scaling") {
-    // A first scale of 2^24 overflows: both runs skip the same steps and back off alike.
-    ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
-                           1e-4, 1e-4, false);
-    const auto scales = load_results(l.dir + "/fsdp.st.rank0").at("scales");
-    std::cout << "loss scales of sharded rank 0: " << scales << std::endl;
-    ok &= scales[0].item<double>() < std::ldexp(1.0, 24);
-  } else if (scenario == "resume") {
-    ok = check_resume(l, {});
-  } else if (scenario == "resume_bf16_masters") {
-    ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
-  } else if (scenario == "rank_killed") {
-    const auto status = run_ranks(
-        l, 2,
-        std::vector<std::string>{"--results", l.dir + "/r.st", "--die-on-rank", "1",
-                                 "--die-at-step", "3", "--per_device_train_batch_size", "32"} +
 /// Loads the optimizer.pt at `path` into a FusedAdamW over stand-in parameters of the saved
 /// groups and shapes, lets `edit` change the first parameter's state, and writes the file back:
 /// what a script that edits a checkpoint makes.
@@ -246,6 +213,39 @@ bool check_bad_optimizer_state(const Launch& l) {
   return ok;
 }
 
+int run_check(const std::string& scenario, Launch l) {
+  const char* tmp = std::getenv("TMPDIR");
+  l.dir = mantissa::io::make_temp_directory(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                            "mantissa-fsdp-" + scenario + "-");
+  std::cout << "check: " << scenario << " in " << l.dir << std::endl;
+  bool ok = false;
+  if (scenario == "fp32") {
+    ok = check_against_ddp(l, {}, 1e-6, 1e-7, /*compare_eval=*/true);
+  } else if (scenario == "accumulation") {
+    ok = check_against_ddp(l, {"--gradient_accumulation_steps", "2"}, 1e-6, 1e-7, false);
+  } else if (scenario == "bf16_masters") {
+    // bf16 autocast on a bf16 model with fp32 master shards; the tolerance DDP shows against
+    // one process (ddp.bf16_masters).
+    ok = check_against_ddp(l, {"--model_dtype", "bf16", "--bf16"}, 1e-4, 3e-2, true);
+  } else if (scenario == "pure_bf16") {
+    ok = check_against_ddp(
+        l, {"--model_dtype", "bf16", "--bf16", "--master_weights", "off"}, 1e-4, 3e-2, false);
+  } else if (scenario == "fp16_loss_scaling") {
+    // A first scale of 2^24 overflows: both runs skip the same steps and back off alike.
+    ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
+                           1e-4, 1e-4, false);
+    const auto scales = load_results(l.dir + "/fsdp.st.rank0").at("scales");
+    std::cout << "loss scales of sharded rank 0: " << scales << std::endl;
+    ok &= scales[0].item<double>() < std::ldexp(1.0, 24);
+  } else if (scenario == "resume") {
+    ok = check_resume(l, {});
+  } else if (scenario == "resume_bf16_masters") {
+    ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "rank_killed") {
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st", "--die-on-rank", "1",
+                                 "--die-at-step", "3", "--per_device_train_batch_size", "32"} +
             common_flags(l.dir + "/out") + kSharded +
             std::vector<std::string>{"--max_steps", "100000", "--logging_steps", "100000"},
         l.dir + "/killed");
@@ -271,6 +271,8 @@ bool check_bad_optimizer_state(const Launch& l) {
     ok &= contains(read_text(l.dir + "/resume.rank1.log"), "see rank 0's error",
                    "rank 1's error");
     ok &= mantissa::io::path_exists(checkpoint + "/model.safetensors");
+  } else if (scenario == "bad_optimizer_state") {
+    ok = check_bad_optimizer_state(l);
   } else if (scenario == "mismatched_arguments") {
     // One rank sharded, the other not: stopped by the argument check, naming the field.
     const auto status = run_ranks(
@@ -297,5 +299,3 @@ bool check_bad_optimizer_state(const Launch& l) {
 }  // namespace
 
 int main(int argc, char** argv) { return trainer_check_main(argc, argv, run_check); }
-  } else if (scenario == "bad_optimizer_state") {
-    ok = check_bad_optimizer_state(l);
