@@ -54,17 +54,41 @@ std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& parameters)
 
 }  // namespace
 
-at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type,
-                          bool error_if_nonfinite) {
+std::vector<at::Tensor> per_tensor_norms(const std::vector<at::Tensor>& tensors, double norm_type) {
   c10::NoGradGuard no_grad;
-  if (tensors.empty()) return at::scalar_tensor(0.0, at::kFloat);
-  const auto first_device = tensors.front().device();
-  std::vector<at::Tensor> norms;
-  norms.reserve(tensors.size());
-  for (const auto& group : group_by_device_and_dtype(tensors)) {
-    for (auto& norm : at::_foreach_norm(group, norm_type)) norms.push_back(norm.to(first_device));
+  std::vector<at::Tensor> norms(tensors.size());
+  if (tensors.empty()) return norms;
+  std::vector<std::vector<std::optional<at::Tensor>>> nested(1);
+  nested[0].assign(tensors.begin(), tensors.end());
+  // One _foreach_norm per (device, dtype) group, as Python calls it: on CUDA a group takes the
+  // fused multi-tensor kernel, whose per-tensor results do not depend on the group's other
+  // tensors, so a caller may compute any subset of a list's norms and get the same bits.
+  for (const auto& item : at::native::_group_tensors_by_first_tensors_device_and_dtype(
+           nested, /*with_indices=*/true)) {
+    std::vector<at::Tensor> group;
+    group.reserve(item.second.first[0].size());
+    for (const auto& tensor : item.second.first[0]) group.push_back(*tensor);
+    auto group_norms = at::_foreach_norm(group, norm_type);
+    const auto& indices = item.second.second;
+    for (std::size_t k = 0; k < indices.size(); ++k) norms[indices[k]] = std::move(group_norms[k]);
   }
-  at::Tensor total_norm = at::linalg_vector_norm(at::stack(norms), norm_type);
+  return norms;
+}
+
+at::Tensor total_norm_of_norms(const std::vector<at::Tensor>& norms, double norm_type,
+                               bool error_if_nonfinite) {
+  c10::NoGradGuard no_grad;
+  if (norms.empty()) return at::scalar_tensor(0.0, at::kFloat);
+  const auto first_device = norms.front().device();
+  // Stacked group by group, in the order Python's grouping gives the gradients' (device,
+  // dtype) keys; the norms carry the same keys in the same first-appearance order, so they
+  // group the same way.
+  std::vector<at::Tensor> stacked;
+  stacked.reserve(norms.size());
+  for (const auto& group : group_by_device_and_dtype(norms)) {
+    for (const auto& norm : group) stacked.push_back(norm.to(first_device));
+  }
+  at::Tensor total_norm = at::linalg_vector_norm(at::stack(stacked), norm_type);
   if (error_if_nonfinite) {
     // The one host sync, as in Python.
     TORCH_CHECK(!at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>(),
@@ -74,6 +98,11 @@ at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_ty
                 "`error_if_nonfinite=False`");
   }
   return total_norm;
+}
+
+at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type,
+                          bool error_if_nonfinite) {
+  return total_norm_of_norms(per_tensor_norms(tensors, norm_type), norm_type, error_if_nonfinite);
 }
 
 void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max_norm,

@@ -154,6 +154,34 @@ TEST(ClipGradTest, GetTotalNormThenClipEqualsClipGradNorm) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].grad(), b[i].grad()));
 }
 
+// What a sharded run does: each tensor's norm computed apart (here one at a time, on fresh
+// copies, as the process holding the tensor would), then stacked as get_total_norm stacks them.
+TEST(ClipGradTest, NormsComputedApartGiveGetTotalNormsBits) {
+  // Mixed dtypes, interleaved: the stacking order is the groups', not the list's.
+  auto params = make_params({torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kFloat,
+                             torch::kBFloat16, torch::kFloat},
+                            3.0, 13);
+  // Larger tensors than make_params gives, so that the reductions vectorize.
+  params.push_back(torch::zeros({37, 41}).requires_grad_());
+  params.back().mutable_grad() = torch::randn({37, 41});
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  const auto whole = mantissa::per_tensor_norms(grads);
+  ASSERT_EQ(whole.size(), grads.size());
+  std::vector<torch::Tensor> apart;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    apart.push_back(mantissa::per_tensor_norms({grads[i].clone()}).at(0));
+    EXPECT_EQ(apart.back().scalar_type(), grads[i].scalar_type()) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(apart.back(), whole[i])) << "tensor " << i;
+  }
+  const auto total = mantissa::get_total_norm(grads);
+  const auto from_norms = mantissa::total_norm_of_norms(apart);
+  EXPECT_EQ(from_norms.scalar_type(), total.scalar_type());
+  EXPECT_TRUE(torch::equal(from_norms, total));
+  // No norms: get_total_norm's answer for no tensors.
+  EXPECT_TRUE(torch::equal(mantissa::total_norm_of_norms({}), torch::scalar_tensor(0.0)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Golden parity with Python.
 

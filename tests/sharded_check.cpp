@@ -8,11 +8,13 @@
 //     when every rank of every phase exited 0. Scenarios:
 //       fp32            2 ranks, fp32, accumulation over 2 micro-batches, clipping by the global
 //                       norm: weights within 1e-6 relative, the gathered state equal to the one
-//                       process's, 1/N of its state bytes, reduce-scatters launched in backward
+//                       process's, 1/N of its state bytes, reduce-scatters launched in backward;
+//                       in every compared scenario the global norm from the shards is bitwise
+//                       get_total_norm's over the whole (all-gathered) gradients, as DDP clips
 //       bf16_masters    2 ranks, bf16 model with fp32 master shards
 //       fp16_scaler     2 ranks, fp16 model, masters, GradScaler; rank 0 injects an inf into one
 //                       gradient element that lies in rank 1's shard: both ranks must skip
-//       pure_bf16_kahan 2 ranks, bf16 without masters, Kahan-compensated updates
+//       pure_bf16_kahan 2 ranks, bf16 without masters, Kahan-compensated updates, a bf16 norm
 //       reshard         2 ranks train 6 steps and save the full state at step 3; then 2 ranks
 //                       resume it (bitwise equal to the run that did not stop), 3 ranks and 1
 //                       rank resume it (equal to one process resuming the same files)
@@ -94,9 +96,11 @@ Mode mode_of(const std::string& scenario) {
     m.masters = true;
     m.scaler = true;
     m.inf_step = 2;
+    m.max_grad_norm = 0.05;
   } else if (scenario == "pure_bf16_kahan") {
     m.dtype = torch::kBFloat16;
     m.rule = LowPrecisionUpdate::kKahan;
+    m.max_grad_norm = 0.05;  // bf16 gradients: a bf16 norm, as clip_grad_norm_ gives
   } else {
     throw std::invalid_argument("unknown scenario '" + scenario + "'");
   }
@@ -242,6 +246,7 @@ struct Sharded {
   std::unique_ptr<sh::ShardedAdamW> shards;
   std::unique_ptr<GradScaler> scaler;
   std::vector<double> norms;
+  std::vector<std::string> unequal_norms;  // steps whose norm is not get_total_norm's, bitwise
   std::vector<std::size_t> overlapped;
 
   Sharded(const Mode& m, dist::DistributedEnvironment e, c10::intrusive_ptr<c10d::ProcessGroup> g,
@@ -280,7 +285,17 @@ struct Sharded {
     shards->prepare_grads();
     if (scaler) scaler->unscale_(shards->optimizer());
     if (mode.max_grad_norm > 0) {
-      norms.push_back(shards->clip_grad_norm_(mode.max_grad_norm).item<double>());
+      const auto want = whole_grad_norm();
+      const auto norm = shards->clip_grad_norm_(mode.max_grad_norm);
+      norms.push_back(norm.item<double>());
+      if (norm.scalar_type() != want.scalar_type() ||
+          !torch::allclose(norm, want, 0, 0, /*equal_nan=*/true)) {
+        std::ostringstream line;
+        line << std::setprecision(9) << "step " << s << ": " << norm.item<double>() << " ("
+             << norm.scalar_type() << ") vs " << want.item<double>() << " (" << want.scalar_type()
+             << ")";
+        unequal_norms.push_back(line.str());
+      }
     }
     if (scaler) {
       scaler->step(shards->optimizer());
@@ -291,7 +306,30 @@ struct Sharded {
     shards->all_gather_params();
     shards->zero_grad();
   }
+
+  torch::Tensor whole_grad_norm();
 };
+
+// What data parallel's clip_grad_norm_ measures: mantissa::get_total_norm over each
+// parameter's whole averaged gradient (the shards all-gathered, each parameter copied out as
+// a tensor of its own), in the optimizer's order. Call after prepare_grads, before clipping.
+torch::Tensor Sharded::whole_grad_norm() {
+  std::vector<torch::Tensor> full;
+  const auto& buckets = flat->layout().buckets;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    auto grad = shards->shard_params()[b].grad();
+    full.push_back(torch::empty({buckets[b].padded_numel}, grad.options()));
+    group->_allgather_base(full.back(), grad)->wait();
+  }
+  std::vector<torch::Tensor> grads;
+  for (std::size_t i = 0; i < flat->params().size(); ++i) {
+    const auto [b, s] = flat->layout().where[i];
+    const auto& slot = buckets[b].slots[s];
+    grads.push_back(
+        full[b].narrow(0, slot.offset, slot.numel).clone().view(flat->params()[i].sizes()));
+  }
+  return mantissa::get_total_norm(grads);
+}
 
 // A gradient element in rank 1's shard (so not in rank 0's), as (parameter index, element index).
 std::pair<std::size_t, std::int64_t> element_outside_rank0(const sh::FlatParameters& flat) {
@@ -386,10 +424,18 @@ int compare_run(const std::string& scenario, Report& report) {
   if (mode.max_grad_norm > 0) {
     double norm_diff = 0;
     for (std::size_t s = 0; s < run.norms.size(); ++s) {
+      if (!std::isfinite(ref.norms[s])) continue;  // the step with an inf: skipped by both
       norm_diff = std::max(norm_diff, std::abs(run.norms[s] - ref.norms[s]) / ref.norms[s]);
     }
     report.within(norm_diff, fp32 ? 1e-5 : 2e-2,
                   "global gradient norm from the shards against one process's");
+    for (const auto& line : run.unequal_norms) {
+      std::cout << "rank " << env.rank << ": " << line << std::endl;
+    }
+    report.expect(run.unequal_norms.empty(),
+                  std::to_string(run.norms.size() - run.unequal_norms.size()) + " of " +
+                      std::to_string(run.norms.size()) +
+                      " global norms bitwise equal to get_total_norm over the whole gradients");
   }
   if (run.scaler) {
     report.expect(
@@ -633,6 +679,42 @@ int check_layout() {
     bool all_covered = true;
     for (std::size_t i = 0; i < specs.size(); ++i) all_covered &= covered[i] == specs[i].numel;
     report.expect(all_covered, "every element in exactly one shard" + at);
+    // The split parameters (for the gradient norm): exactly those with pieces on two ranks or
+    // more, their pieces as piece() gives them, each rank's packed pieces back to back.
+    bool splits_ok = true;
+    std::size_t split_count = 0;
+    for (const auto& bucket : layout.buckets) {
+      const auto split = sh::split_slots(bucket, world);
+      std::vector<std::int64_t> packed(static_cast<std::size_t>(world), 0);
+      std::size_t next = 0;
+      for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+        const auto& slot = bucket.slots[s];
+        std::int64_t ranks = 0;
+        for (std::int64_t r = 0; r < world; ++r) ranks += bucket.piece(slot, r) ? 1 : 0;
+        splits_ok &= bucket.is_split(slot) == (ranks > 1) &&
+                     bucket.piece(slot, bucket.first_rank(slot))->param_offset == 0;
+        if (ranks < 2) continue;
+        ++split_count;
+        splits_ok &= next < split.slots.size() && split.slots[next].slot == s &&
+                     static_cast<std::int64_t>(split.slots[next].pieces.size()) == ranks;
+        if (!splits_ok) break;
+        for (const auto& part : split.slots[next].pieces) {
+          const auto piece = bucket.piece(slot, part.rank);
+          splits_ok &= piece && piece->param_offset == part.piece.param_offset &&
+                       piece->shard_offset == part.piece.shard_offset &&
+                       piece->numel == part.piece.numel &&
+                       part.packed_offset == packed[static_cast<std::size_t>(part.rank)];
+          packed[static_cast<std::size_t>(part.rank)] += part.piece.numel;
+        }
+        ++next;
+      }
+      splits_ok &= next == split.slots.size() &&
+                   split.packed_numel == *std::max_element(packed.begin(), packed.end()) &&
+                   split.packed_numel <= bucket.shard_numel;
+    }
+    report.expect(splits_ok && (world == 1) == (split_count == 0),
+                  std::to_string(split_count) +
+                      " parameters split across shards, their pieces packed per rank" + at);
     report.expect(layout.where[2] == std::make_pair(std::size_t{2}, std::size_t{0}),
                   "where[] finds parameter 2 in bucket 2" + at);
   }

@@ -162,10 +162,15 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   }
   out.emplace_back("scales", torch::tensor(scales, torch::kDouble));
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // logged when clipping is on (max_grad_norm > 0)
   for (const auto& entry : trainer.state().log_history) {
     if (entry.count("loss") != 0) losses.push_back(entry.at("loss"));
+    if (entry.count("grad_norm") != 0) grad_norms.push_back(entry.at("grad_norm"));
   }
   out.emplace_back("losses", torch::tensor(losses, torch::kDouble));
+  if (!grad_norms.empty()) {
+    out.emplace_back("grad_norms", torch::tensor(grad_norms, torch::kDouble));
+  }
   if (const auto* fp8_state = trainer.fp8_scaling_state()) {
     out.emplace_back("fp8.amax_history", fp8_state->amax_history().cpu().clone());
     out.emplace_back("fp8.scale", fp8_state->scales().cpu().clone());

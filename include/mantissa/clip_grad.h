@@ -45,6 +45,24 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
 at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type = 2.0,
                           bool error_if_nonfinite = false);
 
+/// `get_total_norm` in two halves, for tensors that no one process holds all of (a sharded
+/// run computes each tensor's norm where the tensor lies whole, then brings the norms
+/// together): `get_total_norm(t) == total_norm_of_norms(per_tensor_norms(t))`, bit for bit.
+///
+/// The `norm_type`-norm of each tensor, in the order of `tensors`: a 0-d tensor of that
+/// tensor's dtype on its device, computed by `_foreach_norm` over the tensors of its (device,
+/// dtype) group, as `get_total_norm` does. A tensor's norm does not depend on which other
+/// tensors are in the list. No sync.
+std::vector<at::Tensor> per_tensor_norms(const std::vector<at::Tensor>& tensors,
+                                         double norm_type = 2.0);
+
+/// The total norm from per-tensor norms such as `per_tensor_norms` returns (`norms[i]` of
+/// tensor i's dtype and device, in the tensors' order): stacked in the order `get_total_norm`
+/// stacks them, on the first norm's device, and normed. Empty input gives `torch.tensor(0.0)`.
+/// No sync unless `error_if_nonfinite` (as `get_total_norm`).
+at::Tensor total_norm_of_norms(const std::vector<at::Tensor>& norms, double norm_type = 2.0,
+                               bool error_if_nonfinite = false);
+
 /// Multiplies the gradients of `parameters` by `min(max_norm / (total_norm + 1e-6), 1)`, in
 /// place, with a `total_norm` computed beforehand (for example over the fp32 master copies).
 /// Python: `torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm)`. No sync.

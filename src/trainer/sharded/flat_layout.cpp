@@ -14,6 +14,27 @@ std::optional<ShardPiece> FlatBucket::piece(const FlatSlot& slot, std::int64_t r
   return ShardPiece{begin - slot.offset, begin - shard_begin(rank), end - begin};
 }
 
+SplitSlots split_slots(const FlatBucket& bucket, std::int64_t world_size) {
+  SplitSlots split;
+  std::vector<std::int64_t> packed(static_cast<std::size_t>(world_size), 0);
+  for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+    const auto& slot = bucket.slots[s];
+    if (!bucket.is_split(slot)) continue;
+    SplitSlot entry;
+    entry.slot = s;
+    for (std::int64_t r = bucket.first_rank(slot); r < world_size; ++r) {
+      const auto piece = bucket.piece(slot, r);
+      if (!piece) break;
+      auto& used = packed[static_cast<std::size_t>(r)];
+      entry.pieces.push_back(PackedPiece{r, used, *piece});
+      used += piece->numel;
+    }
+    split.slots.push_back(std::move(entry));
+  }
+  for (const auto used : packed) split.packed_numel = std::max(split.packed_numel, used);
+  return split;
+}
+
 std::int64_t FlatLayout::shard_numel() const {
   std::int64_t total = 0;
   for (const auto& bucket : buckets) total += bucket.shard_numel;

@@ -51,7 +51,41 @@ struct FlatBucket {
 
   /// The part of `slot` inside rank `rank`'s shard, or nothing when they do not overlap.
   std::optional<ShardPiece> piece(const FlatSlot& slot, std::int64_t rank) const;
+
+  /// The rank whose shard holds `slot`'s first element.
+  std::int64_t first_rank(const FlatSlot& slot) const noexcept { return slot.offset / shard_numel; }
+  /// Whether `slot` lies in more than one rank's shard.
+  bool is_split(const FlatSlot& slot) const noexcept {
+    return (slot.offset + slot.numel - 1) / shard_numel != first_rank(slot);
+  }
 };
+
+/// One rank's piece of a split parameter, and where that rank puts it when it packs its
+/// pieces of split parameters back to back (in slot order).
+struct PackedPiece {
+  std::int64_t rank = 0;           ///< the rank whose shard holds the piece
+  std::int64_t packed_offset = 0;  ///< the piece's first element in that rank's packed buffer
+  ShardPiece piece;                ///< the piece, as `FlatBucket::piece` gives it
+};
+
+/// A parameter that no single shard holds whole.
+struct SplitSlot {
+  std::size_t slot = 0;             ///< index into the bucket's `slots`
+  std::vector<PackedPiece> pieces;  ///< in rank order, which is the parameter's element order
+};
+
+/// The split parameters of one bucket, and the elements each rank contributes when every rank
+/// packs its pieces of them for one all-gather: what puts each split parameter's whole
+/// gradient together (for its norm) without gathering the whole bucket.
+struct SplitSlots {
+  std::vector<SplitSlot> slots;   ///< in slot order; empty when every parameter lies whole
+  std::int64_t packed_numel = 0;  ///< the most elements any rank packs; every rank sends this
+};
+
+/// The parameters of `bucket` that straddle a shard boundary, with their pieces; `world_size`
+/// is the layout's. At most two per rank (one across each end of its shard, or one covering
+/// it), so `packed_numel` is at most `shard_numel`. Pure arithmetic.
+SplitSlots split_slots(const FlatBucket& bucket, std::int64_t world_size);
 
 /// Every bucket of a run, and where each parameter went.
 struct FlatLayout {

@@ -1,5 +1,9 @@
 #include "trainer/sharded/sharded_adamw.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -68,6 +72,7 @@ ShardedAdamW::ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
                               std::make_unique<optim::FusedAdamWOptions>(group_options[g]));
   }
   optimizer_ = std::make_shared<optim::FusedAdamW>(std::move(param_groups));
+  for (const auto& bucket : buckets) splits_.push_back(split_slots(bucket, flat_.world_size()));
   if (!masters.empty()) optimizer_->link_model_params(masters, model_shards);
 }
 
@@ -88,18 +93,93 @@ void ShardedAdamW::prepare_grads() {
 }
 
 at::Tensor ShardedAdamW::global_grad_norm() {
-  std::vector<at::Tensor> norms;
+  at::NoGradGuard no_grad;
+  const auto& layout = flat_.layout();
+  const auto& buckets = layout.buckets;
+  const auto rank = flat_.rank();
+  const auto world = flat_.world_size();
+  std::vector<at::Tensor> grads;
   for (const auto& p : shard_params_) {
-    const auto& g = p.grad();
-    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2, {}, false, at::kFloat));
+    TORCH_INTERNAL_ASSERT(p.grad().defined(), "ShardedAdamW: clipping before prepare_grads");
+    grads.push_back(p.grad());
   }
-  auto squared = norms.empty() ? at::zeros({1}, shard_params_.front().options().dtype(at::kFloat))
-                               : at::stack(norms).square().sum().reshape({1});
-  std::vector<at::Tensor> tensors{squared};
+  // The pieces of the parameters that straddle a shard boundary, gathered by every rank.
+  std::vector<at::Tensor> gathered(buckets.size());
+  std::vector<at::Tensor> packed;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const auto& split = splits_[b];
+    if (split.slots.empty()) continue;
+    packed.push_back(at::zeros({split.packed_numel}, grads[b].options()));
+    for (const auto& slot : split.slots) {
+      for (const auto& part : slot.pieces) {
+        if (part.rank != rank) continue;
+        packed.back()
+            .narrow(0, part.packed_offset, part.piece.numel)
+            .copy_(grads[b].narrow(0, part.piece.shard_offset, part.piece.numel));
+      }
+    }
+    gathered[b] = at::empty({world * split.packed_numel}, grads[b].options());
+    works.push_back(group_->_allgather_base(gathered[b], packed.back()));
+  }
+  wait_all(works);
+
+  // Each parameter's whole gradient, on the rank that holds its first element: a view of the
+  // shard, or its gathered pieces put together.
+  const auto& params = flat_.params();
+  std::vector<at::Tensor> whole;
+  std::vector<std::size_t> mine;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto [b, s] = layout.where[i];
+    const auto& bucket = buckets[b];
+    const auto& slot = bucket.slots[s];
+    if (bucket.first_rank(slot) != rank) continue;
+    at::Tensor grad;
+    if (!bucket.is_split(slot)) {
+      grad = grads[b].narrow(0, bucket.piece(slot, rank)->shard_offset, slot.numel);
+      // A fresh gradient starts aligned; CUDA's fused norm sums unaligned data in another
+      // order, so a view that starts off 16 bytes is copied.
+      if (reinterpret_cast<std::uintptr_t>(grad.data_ptr()) % 16 != 0) grad = grad.clone();
+    } else {
+      const auto& split = splits_[b];
+      const auto found = std::find_if(split.slots.begin(), split.slots.end(),
+                                      [s = s](const SplitSlot& entry) { return entry.slot == s; });
+      TORCH_INTERNAL_ASSERT(found != split.slots.end());
+      std::vector<at::Tensor> parts;
+      for (const auto& part : found->pieces) {
+        parts.push_back(gathered[b].narrow(0, part.rank * split.packed_numel + part.packed_offset,
+                                           part.piece.numel));
+      }
+      grad = at::cat(parts);
+    }
+    whole.push_back(grad.view(params[i].sizes()));
+    mine.push_back(i);
+  }
+  const auto my_norms = per_tensor_norms(whole, 2.0);
+
+  // Every norm to every rank: each rank fills the norms it computed and zeros elsewhere, and
+  // one allreduce sums them (x + 0 is exact), in fp64, which holds every float dtype exactly.
+  const auto norm_options = grads.front().options().dtype(at::kDouble);
+  const auto zero = at::zeros({}, norm_options);
+  std::vector<at::Tensor> slots(params.size(), zero);
+  for (std::size_t k = 0; k < mine.size(); ++k) slots[mine[k]] = my_norms[k].to(at::kDouble);
+  std::vector<at::Tensor> tensors{at::stack(slots)};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   group_->allreduce(tensors, options)->wait();
-  return squared.sqrt().reshape({});
+
+  // Back in each gradient's dtype, then stacked and normed as clip_grad_norm_ does it over
+  // whole tensors.
+  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
+  std::vector<at::Tensor> norms;
+  norms.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto dtype = grads[layout.where[i].first].scalar_type();
+    auto& converted = by_dtype[dtype];
+    if (converted.empty()) converted = tensors.front().to(dtype).unbind(0);
+    norms.push_back(converted[i]);
+  }
+  return total_norm_of_norms(norms, 2.0);
 }
 
 at::Tensor ShardedAdamW::clip_grad_norm_(double max_norm) {

@@ -29,7 +29,7 @@ namespace mantissa::detail::sharded {
 ///     grads.finish_backward();              // reduce-scattered sums of this rank's shards
 ///     shards.prepare_grads();               // averaged, into the optimizer's (fp32) grads
 ///     scaler.unscale_(shards.optimizer());  // fp16: flags agreed through agree_found_inf_
-///     shards.clip_grad_norm_(max_norm);     // one allreduce of the squared sum
+///     shards.clip_grad_norm_(max_norm);     // per-parameter norms, as data parallel's
 ///     scaler.step(shards.optimizer());      // FusedAdamW on the shards (skipped on inf)
 ///     shards.all_gather_params();           // every rank's full parameters updated
 ///
@@ -56,9 +56,7 @@ class ShardedAdamW {
   optim::FusedAdamW& optimizer() noexcept { return *optimizer_; }
   const optim::FusedAdamW& optimizer() const noexcept { return *optimizer_; }
   /// The same optimizer, shared: for a holder that may outlive this object's other uses.
-  const std::shared_ptr<optim::FusedAdamW>& shared_optimizer() const noexcept {
-    return optimizer_;
-  }
+  const std::shared_ptr<optim::FusedAdamW>& shared_optimizer() const noexcept { return optimizer_; }
 
   /// Per bucket, the tensor the optimizer updates: the fp32 master of the shard, or the shard
   /// of the model's buffer itself.
@@ -73,10 +71,16 @@ class ShardedAdamW {
   /// Python: DeepSpeed's `averaged_gradients` into the fp32 partition. No collective, no sync.
   void prepare_grads();
 
-  /// The 2-norm of the whole gradient (all buckets, all ranks), from the shards: each rank's
-  /// squared norm, summed by one allreduce. A 0-d fp32 tensor on the parameters' device, the
-  /// same on every rank. Python: `torch.nn.utils.get_total_norm` over FSDP2's sharded grads.
-  /// A collective; no host sync.
+  /// The 2-norm of the whole gradient (all buckets, all ranks), bit for bit what
+  /// `mantissa::get_total_norm` gives over the whole gradient of each parameter (as data
+  /// parallel computes it): each parameter's norm is taken over its whole gradient by the rank
+  /// holding its first element (the pieces of a parameter that straddles a shard boundary are
+  /// all-gathered first, one all-gather per bucket that has such parameters, at most a shard's
+  /// worth each), the per-parameter norms reach every rank through one allreduce of one fp64
+  /// value per parameter, and every rank stacks and norms them as `get_total_norm` does. A 0-d
+  /// tensor of the dtype `get_total_norm` gives, on the parameters' device, the same on every
+  /// rank. Python: `torch.nn.utils.get_total_norm` over the unsharded gradients. A collective;
+  /// no host sync.
   at::Tensor global_grad_norm();
 
   /// Scales every rank's gradient shards by `min(max_norm / (norm + 1e-6), 1)` with the global
@@ -117,6 +121,7 @@ class ShardedAdamW {
   std::vector<at::Tensor> shard_params_;
   std::vector<at::Tensor> master_grads_;  // per bucket; undefined without a master
   std::vector<bool> has_master_;
+  std::vector<SplitSlots> splits_;  // per bucket: the parameters that straddle a shard boundary
   std::shared_ptr<optim::FusedAdamW> optimizer_;
 };
 
