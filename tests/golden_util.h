@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "test_paths.h"
+
 namespace mantissa_test {
 
 /// The parsed JSON of tests/golden/<name>, read once per test binary.
@@ -19,7 +21,7 @@ inline const nlohmann::json& golden_file(const std::string& name) {
   static std::map<std::string, nlohmann::json> cache;
   auto it = cache.find(name);
   if (it == cache.end()) {
-    const std::string path = std::string(MANTISSA_TEST_DATA_DIR) + "/" + name;
+    const std::string path = test_data_dir() + "/" + name;
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot open " + path);
     it = cache.emplace(name, nlohmann::json::parse(in)).first;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -49,9 +50,13 @@ inline void write_raw_file(const std::string& path, std::string_view bytes) {
   ASSERT_EQ(::close(fd), 0);
 }
 
-/// The Python interpreter the interop tests run: MANTISSA_PYTHON_EXECUTABLE (set by
-/// tests/CMakeLists.txt from MANTISSA_PYTHON or the project venv); empty when there is none.
+/// The Python interpreter the interop tests run: $MANTISSA_TEST_PYTHON when set (a pack's run on
+/// another machine), else MANTISSA_PYTHON_EXECUTABLE (set by tests/CMakeLists.txt from
+/// MANTISSA_PYTHON or the project venv); empty when there is none. `$MANTISSA_TEST_PYTHON` may
+/// be a bare name (python3), looked up on PATH by the shell that runs it.
 inline std::string python_executable() {
+  const char* from_env = std::getenv("MANTISSA_TEST_PYTHON");
+  if (from_env != nullptr && *from_env != '\0') return from_env;
 #ifdef MANTISSA_PYTHON_EXECUTABLE
   const std::string python = MANTISSA_PYTHON_EXECUTABLE;
   if (!python.empty() && ::access(python.c_str(), X_OK) == 0) return python;

@@ -15,13 +15,14 @@
 #include "io/filesystem.h"
 #include "io/torch_load.h"
 #include "io/torch_save.h"
+#include "test_paths.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 
 std::vector<char> golden_bytes(const std::string& name) {
-  return mantissa::io::read_file(std::string(MANTISSA_TEST_DATA_DIR) + "/torch_load/" + name);
+  return mantissa::io::read_file(mantissa_test::test_data_dir() + "/torch_load/" + name);
 }
 
 std::vector<char> rng_like_file() {
@@ -89,7 +90,7 @@ TEST(TorchLoadTest, RefusesWhatWouldAllocateMoreThanTheFileHolds) {
       error_of([] { mantissa::io::load_torch_bytes(golden_bytes("string_past_end.pt")); }),
       HasSubstr("its record 'data.pkl' claims 4294967280 bytes for the argument of its pickle "
                 "opcode 0x58 at byte 5"));
-  const auto path = std::string(MANTISSA_TEST_DATA_DIR) + "/torch_load/archive_memo_gap.pt";
+  const auto path = mantissa_test::test_data_dir() + "/torch_load/archive_memo_gap.pt";
   torch::serialize::InputArchive archive;
   EXPECT_THAT(error_of([&] { mantissa::io::load_torch_archive(path, archive); }),
               HasSubstr("archive_memo_gap.pt': its record 'data.pkl' stores memo entry "
