@@ -44,8 +44,8 @@ TEST(FsdpArguments, OffByDefaultAndShardGradOpAccepted) {
 
 TEST(FsdpArguments, OptionsThatShardParametersAreRefusedByName) {
   for (const char* option : {"full_shard", "hybrid_shard", "hybrid_shard_zero2", "offload"}) {
-    const auto error = validate_error(TrainingArguments().fsdp(std::string("shard_grad_op ") +
-                                                               option));
+    const auto error =
+        validate_error(TrainingArguments().fsdp(std::string("shard_grad_op ") + option));
     EXPECT_THAT(error, HasSubstr(std::string("fsdp: '") + option + "' is not supported"));
     EXPECT_THAT(error, HasSubstr("use --fsdp shard_grad_op"));
   }
@@ -99,13 +99,97 @@ TEST(FsdpArguments, ConfigAsFile) {
   std::ofstream(path) << R"({"fsdp_state_dict_type": "FULL_STATE_DICT"})";
   EXPECT_EQ(validate_error(sharded().fsdp_config(path)), "<no exception>");
   std::ofstream(path) << R"({"xla": true})";
-  EXPECT_THAT(validate_error(sharded().fsdp_config(path)), HasSubstr("'xla' true is not supported"));
+  EXPECT_THAT(validate_error(sharded().fsdp_config(path)),
+              HasSubstr("'xla' true is not supported"));
   std::ofstream(path) << "[]";
   EXPECT_THAT(validate_error(sharded().fsdp_config(path)),
               HasSubstr("must hold a JSON object, not array"));
   std::remove(path.c_str());
   EXPECT_THAT(validate_error(sharded().fsdp_config(path)),
               HasSubstr("neither a JSON object nor a JSON file that exists"));
+}
+
+TEST(FsdpArguments, ConfigValuesOfKnownKeysAreChecked) {
+  // accelerate upper-cases backward_prefetch and takes FSDP_BACKWARD_PREFETCH's names.
+  for (const char* value :
+       {R"("BACKWARD_PRE")", R"("backward_post")", R"("No_Prefetch")", "null"}) {
+    EXPECT_EQ(validate_error(
+                  sharded().fsdp_config(std::string(R"({"backward_prefetch": )") + value + "}")),
+              "<no exception>")
+        << value;
+  }
+  EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"backward_prefetch": "sometimes"})")),
+              HasSubstr("fsdp_config: 'backward_prefetch' takes backward_pre, backward_post or "
+                        "no_prefetch (in any case) or null, got \"sometimes\""));
+  EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"fsdp_backward_prefetch": 1})")),
+              HasSubstr("'fsdp_backward_prefetch' takes backward_pre"));
+  EXPECT_EQ(validate_error(sharded().fsdp_config(R"({"transformer_layer_cls_to_wrap": "Block"})")),
+            "<no exception>");
+  EXPECT_THAT(
+      validate_error(sharded().fsdp_config(R"({"transformer_layer_cls_to_wrap": ["Block", 3]})")),
+      HasSubstr("'transformer_layer_cls_to_wrap' takes a list of class names, but entry 1 is 3, "
+                "not a string"));
+  EXPECT_THAT(validate_error(
+                  sharded().fsdp_config(R"({"fsdp_transformer_layer_cls_to_wrap": [["Block"]]})")),
+              HasSubstr("entry 0 is [\"Block\"], not a string"));
+}
+
+TEST(FsdpArguments, ConfigIsReadAsCheckedJson) {
+  // A million levels: the message's value.dump() recursed until the stack overflowed (SIGSEGV).
+  // The reader refuses the nesting before nlohmann builds anything.
+  const std::size_t depth = 1'000'000;
+  const std::string deep =
+      R"({"version": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  EXPECT_THAT(validate_error(sharded().fsdp_config(deep)),
+              HasSubstr("fsdp_config is not valid JSON: arrays and objects nest deeper than 127 "
+                        "levels"));
+  // As a file, and within the limit the value is named in a short message.
+  const std::string path = ::testing::TempDir() + "/fsdp_config_deep.json";
+  std::ofstream(path) << deep;
+  const auto from_file = validate_error(sharded().fsdp_config(path));
+  EXPECT_THAT(from_file, HasSubstr("fsdp_config '" + path + "' is not valid JSON"));
+  EXPECT_THAT(from_file, HasSubstr("nest deeper than 127 levels"));
+  std::remove(path.c_str());
+  const std::string within =
+      R"({"version": )" + std::string(100, '[') + std::string(100, ']') + "}";
+  EXPECT_THAT(validate_error(sharded().fsdp_config(within)),
+              HasSubstr("'version' is 1 or 2, got [[[[[[["));
+  // What nlohmann alone would let through: text after a NUL, a byte-order mark.
+  EXPECT_THAT(validate_error(sharded().fsdp_config(std::string("{\"version\": 2}\0{junk", 20))),
+              HasSubstr("fsdp_config is not valid JSON: a NUL byte at offset 14"));
+  std::ofstream(path) << "\xEF\xBB\xBF{}";
+  EXPECT_THAT(validate_error(sharded().fsdp_config(path)), HasSubstr("byte-order mark"));
+  std::remove(path.c_str());
+}
+
+TEST(FsdpArguments, LongKeysAndValuesAreShortened) {
+  const std::string huge(100'000, 'x');
+  const auto long_key = validate_error(sharded().fsdp_config(R"({")" + huge + R"(": true})"));
+  EXPECT_THAT(long_key, HasSubstr("fsdp_config: unknown key 'xxxx"));
+  EXPECT_LT(long_key.size(), 1000u);
+  const auto long_bool_key =
+      validate_error(sharded().fsdp_config(R"({"use_orig_params": ")" + huge + R"("})"));
+  EXPECT_THAT(long_bool_key, HasSubstr("'use_orig_params' takes true or false, got \"xxxx"));
+  EXPECT_LT(long_bool_key.size(), 300u);
+  // A value of the wrong type for each key that takes a value: an object with a 100 KB key.
+  const std::string huge_object = R"({")" + huge + R"(": 1})";
+  for (const char* key : {"state_dict_type", "version", "backward_prefetch", "min_num_params",
+                          "transformer_layer_cls_to_wrap"}) {
+    const auto message = validate_error(
+        sharded().fsdp_config(std::string(R"({")") + key + R"(": )" + huge_object + "}"));
+    EXPECT_THAT(message, HasSubstr(R"({"xxxx)"));
+    EXPECT_THAT(message, HasSubstr("..."));
+    EXPECT_LT(message.size(), 500u) << key;
+  }
+  const auto entry = validate_error(sharded().fsdp_config(
+      R"({"transformer_layer_cls_to_wrap": ["Block", )" + huge_object + "]}"));
+  EXPECT_THAT(entry, HasSubstr(R"(entry 1 is {"xxxx)"));
+  EXPECT_LT(entry.size(), 500u);
+  for (const std::string& fsdp : {huge, "shard_grad_op " + huge, "no_shard " + huge}) {
+    const auto message = validate_error(TrainingArguments().fsdp(fsdp));
+    EXPECT_THAT(message, HasSubstr("fsdp: '"));
+    EXPECT_LT(message.size(), 600u);
+  }
 }
 
 TEST(FsdpArguments, CommandLineAndJsonRoundTrip) {

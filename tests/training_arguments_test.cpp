@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include <torch/cuda.h>
 
 #include "device_info.h"
+#include "test_paths.h"
 
 namespace mantissa {
 // GoogleTest prints a TrainingArguments as its JSON when an EXPECT_EQ fails.
@@ -203,7 +205,7 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.ddp_comm_hook(), mantissa::DdpCommHook::kNone);
   EXPECT_EQ(a.fsdp(), "");
   EXPECT_FALSE(a.fsdp_config().has_value());
-    EXPECT_FALSE(a.fp8());
+  EXPECT_FALSE(a.fp8());
   EXPECT_EQ(a.fp8_recipe(), mantissa::fp8::ScalingRecipe::kDelayed);
   EXPECT_EQ(a.fp8_amax_history_len(), 1024);
   EXPECT_EQ(a.fp8_amax_compute_algo(), mantissa::fp8::AmaxComputeAlgo::kMax);
@@ -720,6 +722,42 @@ TEST(TrainingArgumentsTest, MalformedValuesNameTheFlagAndValue) {
   EXPECT_EQ(TrainingArguments::parse({"--max_steps", "+7"}).max_steps(), 7);
 }
 
+TEST(TrainingArgumentsTest, EveryIntegerFlagRefusesValuesBeyond64Bits) {
+  std::vector<std::string> integer_flags;
+  // The field's type through its getter: the macro's `type` is spelled inside namespace mantissa.
+#define MANTISSA_TEST_INTEGER_(type, name, default_value, help)                            \
+  {                                                                                        \
+    using Field = std::decay_t<decltype(TrainingArguments().name())>;                      \
+    if (std::is_same_v<Field, int64_t> || std::is_same_v<Field, std::optional<int64_t>>) { \
+      integer_flags.push_back("--" #name);                                                 \
+    }                                                                                      \
+  }
+  MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TEST_INTEGER_)
+#undef MANTISSA_TEST_INTEGER_
+  ASSERT_GE(integer_flags.size(), 10u);
+  for (const auto& flag : integer_flags) {
+    for (const std::string text : {"9223372036854775808", "-9223372036854775809"}) {
+      EXPECT_THAT(parse_error({flag, text}), HasSubstr(flag + ": invalid value '" + text +
+                                                       "' (out of range for a 64-bit integer)"));
+    }
+  }
+  EXPECT_EQ(TrainingArguments::parse({"--seed", "9223372036854775807"}).seed(),
+            std::numeric_limits<int64_t>::max());
+}
+
+TEST(TrainingArgumentsTest, MalformedValuesAreQuotedShort) {
+  const std::string huge(100'000, '7');
+  for (const std::vector<std::string>& argv : {std::vector<std::string>{"--seed", huge},
+                                               {"--learning_rate", huge + "x"},
+                                               {"--bf16", huge},
+                                               {"--no_logging_nan_inf_filter=" + huge},
+                                               {"--" + huge}}) {
+    const std::string message = parse_error(argv);
+    EXPECT_THAT(message, HasSubstr("7777..."));
+    EXPECT_LT(message.size(), 400u) << argv[0];
+  }
+}
+
 TEST(TrainingArgumentsTest, ParseValidates) {
   EXPECT_THAT(parse_error({"--fp16", "--bf16", "--use_cpu"}),
               HasSubstr("At most one of fp16 and bf16 can be True, but not both"));
@@ -795,7 +833,7 @@ std::set<std::string> first_column_names(const std::string& text, const std::str
 }
 
 TEST(TrainingArgumentsTest, TheDocsListEveryFieldWhereItBelongs) {
-  std::ifstream in(std::string(MANTISSA_DOCS_DIR) + "/guide/from_python.md");
+  std::ifstream in(mantissa_test::docs_dir() + "/guide/from_python.md");
   ASSERT_TRUE(in.good());
   const std::string guide((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto has = first_column_names(guide, "### Fields mantissa has", "### Fields mantissa adds");
@@ -803,7 +841,7 @@ TEST(TrainingArgumentsTest, TheDocsListEveryFieldWhereItBelongs) {
       first_column_names(guide, "### Fields mantissa adds", "### Fields mantissa does not have");
   const auto lacks =
       first_column_names(guide, "### Fields mantissa does not have", "## Python APIs");
-  std::ifstream reference_in(std::string(MANTISSA_DOCS_DIR) + "/training_arguments.md");
+  std::ifstream reference_in(mantissa_test::docs_dir() + "/training_arguments.md");
   const std::string reference((std::istreambuf_iterator<char>(reference_in)),
                               std::istreambuf_iterator<char>());
   for (const auto& name : field_names()) {
@@ -813,6 +851,24 @@ TEST(TrainingArgumentsTest, TheDocsListEveryFieldWhereItBelongs) {
     EXPECT_NE(reference.find("| `" + name + "` |"), std::string::npos)
         << name << " has no row in docs/training_arguments.md";
   }
+}
+
+TEST(TrainingArgumentsTest, FlagsHelpTextShowsTheDefaultsItIsGiven) {
+  // The program's defaults, as argparse's help shows set_defaults; unvalidated (bf16 with
+  // fp16 would not validate) and unknown names skipped.
+  const std::string flags =
+      TrainingArguments::flags_help_text({"--learning_rate", "3e-3", "--bf16", "true", "--fp16",
+                                          "--eval_steps", "50", "--no_such_flag", "1"});
+  EXPECT_THAT(flags, HasSubstr("Peak learning rate, reached after warmup. (default: 0.003)"));
+  EXPECT_THAT(flags, Not(HasSubstr("(default: 5e-05)")));
+  const auto bf16 = flags.find("--bf16 [BOOL]");
+  ASSERT_NE(bf16, std::string::npos);
+  EXPECT_THAT(flags.substr(bf16, flags.find("\n  -", bf16) - bf16), HasSubstr("(default: True)"));
+  EXPECT_THAT(flags, HasSubstr("(default: 50.0)"));
+  // The flags themselves are the library's: no --no_bf16, which parse would not take.
+  EXPECT_THAT(flags, Not(HasSubstr("--no_bf16")));
+  EXPECT_EQ(TrainingArguments::flags_help_text({}), TrainingArguments::flags_help_text());
+  EXPECT_THAT(TrainingArguments::flags_help_text(), HasSubstr("(default: 5e-05)"));
 }
 
 TEST(TrainingArgumentsTest, FlagsHelpTextHasNoUsageOfItsOwn) {
@@ -1495,6 +1551,18 @@ TEST(TrainingArgumentsTest, FromJsonRefusesDeepNestingWithoutCrashing) {
   const std::string message = value_error([&] { TrainingArguments::load_json(path); });
   EXPECT_THAT(message, HasSubstr(path));
   EXPECT_THAT(message, HasSubstr("nest deeper than 127 levels"));
+}
+
+TEST(TrainingArgumentsTest, Fp8AmaxHistoryHasAnUpperBound) {
+  // 1e9 entries used to reach the allocation of the history (12 GB per layer) unchecked.
+  EXPECT_THAT(parse_error({"--fp8_amax_history_len", "1000000000"}),
+              HasSubstr("fp8_amax_history_len must be at most 4096 (four times "
+                        "TransformerEngine's default of 1024), got 1000000000"));
+  EXPECT_THAT(validate_error(TrainingArguments().fp8_amax_history_len(4097)),
+              HasSubstr("fp8_amax_history_len must be at most 4096"));
+  EXPECT_EQ(validate_error(TrainingArguments().fp8_amax_history_len(4096)), "<no exception>");
+  EXPECT_THAT(validate_error(TrainingArguments().fp8_amax_history_len(0)),
+              HasSubstr("fp8_amax_history_len must be at least 1, got 0"));
 }
 
 TEST(TrainingArgumentsTest, FromJsonRefusesNulBytes) {

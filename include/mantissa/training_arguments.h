@@ -151,7 +151,7 @@
     "TransformerEngine's DelayedScaling, checkpointed) or current (the tensor's own amax, "        \
     "torchao's tensorwise recipe).")                                                               \
   X(int64_t, fp8_amax_history_len, 1024,                                                           \
-    "Optimizer steps of amaxes the delayed recipe remembers; at least 1.")                         \
+    "Optimizer steps of amaxes the delayed recipe remembers; 1 to 4096.")                          \
   X(Choice<fp8::AmaxComputeAlgo>, fp8_amax_compute_algo, fp8::AmaxComputeAlgo::kMax,               \
     "How the delayed recipe turns its history into one amax: max (the largest) or most_recent.")   \
   X(int64_t, fp8_margin, 0,                                                                        \
@@ -342,8 +342,12 @@ class TrainingArguments {
 
   /// The flags of `help_text` without its usage line and `-h`, for a program that prints its
   /// own usage and flags first (as `HfArgumentParser((ProgramArguments, TrainingArguments))`
-  /// lists both dataclasses under one usage).
-  static std::string flags_help_text();
+  /// lists both dataclasses under one usage). Each flag's "(default: ...)" is TrainingArguments'
+  /// own with `default_flags` applied: the program's defaults in the command line's spelling,
+  /// `{"--learning_rate", "3e-3"}` (what `ArgumentParser::set_defaults` keeps), as argparse's
+  /// help shows `set_defaults`. They are read without `validate()`; flags TrainingArguments
+  /// does not have are skipped, a malformed value raises `c10::ValueError`.
+  static std::string flags_help_text(const std::vector<std::string>& default_flags = {});
 
   // ---- JSON (training_args.json) -----------------------------------------------------------
 

@@ -7,6 +7,9 @@ namespace mantissa::fp8 {
 void Float8Recipe::validate() const {
   TORCH_CHECK_VALUE(amax_history_len() >= 1, "fp8_amax_history_len must be at least 1, got ",
                     amax_history_len());
+  TORCH_CHECK_VALUE(amax_history_len() <= kMaxAmaxHistoryLen,
+                    "fp8_amax_history_len must be at most ", kMaxAmaxHistoryLen,
+                    " (four times TransformerEngine's default of 1024), got ", amax_history_len());
   // 2^-64 of e4m3's 448 is still a normal float; beyond that the scales stop meaning anything.
   TORCH_CHECK_VALUE(margin() >= 0 && margin() <= 64, "fp8_margin must be in [0, 64], got ",
                     margin());

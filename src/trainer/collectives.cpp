@@ -1,5 +1,6 @@
 #include "trainer/collectives.h"
 
+#include "io/json_reader.h"
 #include "trainer/resume_check.h"
 
 #include <cstring>
@@ -22,15 +23,17 @@ constexpr std::size_t kBroadcastBucketBytes = 250 * 1024 * 1024;
 // The fields whose values differ between two training_args.json texts, each as
 // "name: <here> (rank 0: <there>)".
 std::vector<std::string> differing_fields(const std::string& mine, const std::string& rank0) {
-  const auto a = nlohmann::json::parse(mine);
-  const auto b = nlohmann::json::parse(rank0);
+  // rank0 came over the wire; both are to_json()'s, read as any other JSON text is.
+  const auto a = io::parse_json_text<nlohmann::json>(mine);
+  const auto b = io::parse_json_text<nlohmann::json>(rank0);
   std::vector<std::string> out;
   for (const auto& [key, value] : a.items()) {
     if (is_execution_detail(key)) continue;  // output_dir, workers, ... may differ per process
     const auto other = b.find(key);
     if (other == b.end() || *other != value) {
-      out.push_back(fmt::format("{}: {} (rank 0: {})", key, value.dump(),
-                                other == b.end() ? std::string("missing") : other->dump()));
+      out.push_back(
+          fmt::format("{}: {} (rank 0: {})", key, io::describe_json(value),
+                      other == b.end() ? std::string("missing") : io::describe_json(*other)));
     }
   }
   return out;

@@ -14,6 +14,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_number.h"
+#include "io/json_reader.h"
 
 namespace mantissa::detail {
 namespace {
@@ -73,7 +74,11 @@ void MetricsLog::drop_after(std::int64_t global_step) {
       const auto line = text.substr(begin, end - begin);
       begin = end;
       // A line that is not an entry with a numeric "step" (hand-edited, cut short) is kept.
-      const auto entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json entry;  // stays null for a line that is not JSON
+      try {
+        entry = io::parse_json_text<nlohmann::json>(line);
+      } catch (const io::JsonTextError&) {
+      }
       const bool later = entry.is_object() && entry.contains("step") && entry["step"].is_number() &&
                          entry["step"].get<double>() > static_cast<double>(global_step);
       if (later) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checked_math.h"
+#include "io/json_reader.h"
 
 namespace mantissa::detail {
 namespace {
@@ -117,7 +118,7 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
     const auto it = before.find(key);
     if (it == before.end() || *it == value || is_execution_detail(key)) continue;
     const std::string change = fmt::format("{} is {} now but was {} when the checkpoint was saved",
-                                           key, value.dump(), it->dump());
+                                           key, io::describe_json(value), io::describe_json(*it));
     const bool optimizer_family_changes =
         key == "optim" &&
         (now.optim() == OptimizerNames::kSgd) != (saved.optim() == OptimizerNames::kSgd);

@@ -1,6 +1,7 @@
 // TrainingArguments from the command line: HfArgumentParser's flags, bound with CLI11.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
@@ -14,8 +15,10 @@
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include <mantissa/argument_parser.h>
 #include <mantissa/training_arguments.h>
 
+#include "shorten.h"
 #include "training_arguments/gradient_checkpointing_kwargs_json.h"
 #include "training_arguments/lr_scheduler_kwargs_json.h"
 #include "training_arguments/python_repr.h"
@@ -35,7 +38,7 @@ std::string lower(std::string s) {
 
 [[noreturn]] void bad_value(const std::string& flag, const std::string& text,
                             const std::string& why) {
-  TORCH_CHECK_VALUE(false, flag, ": invalid value '", text, "' (", why, ")");
+  TORCH_CHECK_VALUE(false, flag, ": invalid value '", detail::shorten(text), "' (", why, ")");
   std::abort();  // unreachable; TORCH_CHECK_VALUE(false, ...) always throws
 }
 
@@ -54,7 +57,7 @@ void from_cli(const std::string& flag, const std::string& text, bool& out) {
     out = false;
   } else {
     bad_value(flag, text,
-              "Truthy value expected: got " + text +
+              "Truthy value expected: got " + detail::shorten(text) +
                   " but expected one of yes/no, true/false, t/f, y/n, 1/0 (case insensitive).");
   }
 }
@@ -223,7 +226,7 @@ void add_negative_flag(Cli& cli, const std::string& name, Access access) {
                                 const std::string& value) {
     // CLI11 hands a bare flag over as "true"; argparse's store_false takes no value.
     TORCH_CHECK_VALUE(value.empty() || value == "true", flag, ": ignored explicit argument '",
-                      value, "'");
+                      detail::shorten(value), "'");
     access(args) = false;
   };
   CLI::Option* no = cli.app.add_flag("--no_" + name);
@@ -236,13 +239,15 @@ void add_negative_flag(Cli& cli, const std::string& name, Access access) {
   cli.bindings.emplace(no_alias, Binding{"--no-" + dashed(name), unset});
 }
 
+// `shown_default` is what --help says (a program's set_defaults); `default_value`, the
+// library's, decides the flags themselves (`--no_<name>`), so that --help lists what parses.
 template <class T, class Access>
 void add_field(Cli& cli, const std::string& name, const std::string& help, const T& default_value,
-               Access access) {
+               const T& shown_default, Access access) {
   const Setter set = [access](TrainingArguments& args, const std::string& flag,
                               const std::string& value) { from_cli(flag, value, access(args)); };
   const std::string type_text = CliType<T>::name();
-  const std::string description = help + " (default: " + detail::help_repr(default_value) + ")";
+  const std::string description = help + " (default: " + detail::help_repr(shown_default) + ")";
   CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>,
                                        is_list_field<T>, type_text);
   cli.bindings.emplace(main, Binding{"--" + name, set});
@@ -263,7 +268,9 @@ void add_field(Cli& cli, const std::string& name, const std::string& help, const
 // Where --help starts each flag's description.
 constexpr std::size_t kHelpColumnWidth = 46;
 
-std::unique_ptr<Cli> make_cli(const std::string& program_name) {
+// `shown_defaults`: the values --help gives as each flag's default.
+std::unique_ptr<Cli> make_cli(const std::string& program_name,
+                              const TrainingArguments& shown_defaults = TrainingArguments()) {
   auto cli = std::make_unique<Cli>();
   CLI::App& app = cli->app;
   app.name(program_name);
@@ -276,8 +283,8 @@ std::unique_ptr<Cli> make_cli(const std::string& program_name) {
   app.allow_extras();
   app.get_formatter()->column_width(kHelpColumnWidth);
   const TrainingArguments defaults;
-#define MANTISSA_TA_ADD_FLAG_(type, name, default_value, help) \
-  add_field<type>(*cli, #name, help, defaults.name(),          \
+#define MANTISSA_TA_ADD_FLAG_(type, name, default_value, help)               \
+  add_field<type>(*cli, #name, help, defaults.name(), shown_defaults.name(), \
                   [](TrainingArguments& args) -> type& { return args.name(); });
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_ADD_FLAG_)
 #undef MANTISSA_TA_ADD_FLAG_
@@ -340,11 +347,31 @@ std::vector<const char*> make_argv(const std::vector<std::string>& args) {
 
 }  // namespace
 
+void detail::check_integer_flag_range(const std::string& flag, const std::string& text,
+                                      bool is_unsigned) {
+  // The calls CLI11 2.1's integral_conversion makes (base 0: "0x10" and "010" are numbers too).
+  char* end = nullptr;
+  errno = 0;
+  if (is_unsigned) {
+    const unsigned long long value = std::strtoull(text.c_str(), &end, 0);
+    const auto sign = text.find_first_not_of(" \t\n\v\f\r");
+    const bool negative = sign != std::string::npos && text[sign] == '-' && value != 0;
+    if (end == text.c_str() + text.size() && (errno == ERANGE || negative)) {
+      bad_value(flag, text, "out of range for an unsigned 64-bit integer");
+    }
+  } else {
+    static_cast<void>(std::strtoll(text.c_str(), &end, 0));
+    if (end == text.c_str() + text.size() && errno == ERANGE) {
+      bad_value(flag, text, "out of range for a 64-bit integer");
+    }
+  }
+}
+
 TrainingArguments TrainingArguments::parse(int argc, const char* const* argv) {
   auto [args, remaining] = parse_unvalidated(argc, argv);
   if (!remaining.empty()) {
     std::string joined;
-    for (const auto& r : remaining) joined += (joined.empty() ? "" : " ") + r;
+    for (const auto& r : remaining) joined += (joined.empty() ? "" : " ") + detail::shorten(r);
     TORCH_CHECK_VALUE(false, "unrecognized arguments: ", joined);
   }
   args.validate();
@@ -382,8 +409,10 @@ std::string TrainingArguments::help_text(const std::string& program_name) {
   return make_cli(program_name)->app.help();
 }
 
-std::string TrainingArguments::flags_help_text() {
-  auto cli = make_cli("train");
+std::string TrainingArguments::flags_help_text(const std::vector<std::string>& default_flags) {
+  // Unvalidated: --help works whatever the machine, and the defaults need not make a run alone.
+  const auto argv = make_argv(default_flags);
+  auto cli = make_cli("train", parse_unvalidated(static_cast<int>(argv.size()), argv.data()).first);
   cli->app.set_help_flag();  // the program's own help lists -h
   CLI::Formatter formatter;  // the layout of help_text's
   formatter.column_width(kHelpColumnWidth);

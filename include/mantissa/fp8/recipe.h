@@ -46,6 +46,12 @@ enum class TensorRole : int64_t {
 /// Number of scales one layer owns (one per `TensorRole`).
 inline constexpr int64_t kScalesPerLayer = 3;
 
+/// The longest amax history `Float8Recipe::validate` accepts: four times TransformerEngine's
+/// default of 1024, the longest history its recipes use (torchao's delayed scaling kept 16).
+/// The history is [length, 3 per layer] float32, copied and reduced every optimizer step, so
+/// a longer one only costs memory and time (1e9 would be 12 GB per layer).
+inline constexpr int64_t kMaxAmaxHistoryLen = 4096;
+
 /// The FP8 training recipe of a run. Field names and defaults are TransformerEngine's
 /// `DelayedScaling(margin=0, fp8_format=Format.HYBRID, amax_history_len=1024,
 /// amax_compute_algo="max")`; the history fields only matter for `kDelayed`.
@@ -54,7 +60,7 @@ struct Float8Recipe {
   MANTISSA_ARG(ScalingRecipe, recipe) = ScalingRecipe::kDelayed;
   /// `fp8_format`: "HYBRID" or "E4M3".
   MANTISSA_ARG(Float8Format, fp8_format) = Float8Format::kHybrid;
-  /// `fp8_amax_history_len`: steps the delayed recipe remembers; at least 1.
+  /// `fp8_amax_history_len`: steps the delayed recipe remembers; 1 to `kMaxAmaxHistoryLen`.
   MANTISSA_ARG(int64_t, amax_history_len) = 1024;
   /// `fp8_amax_compute_algo`: "max" or "most_recent".
   MANTISSA_ARG(AmaxComputeAlgo, amax_compute_algo) = AmaxComputeAlgo::kMax;
@@ -62,8 +68,8 @@ struct Float8Recipe {
   MANTISSA_ARG(int64_t, margin) = 0;
 
  public:
-  /// Throws `c10::ValueError` naming the field and its value when `amax_history_len` < 1 or
-  /// `margin` is negative or above 64.
+  /// Throws `c10::ValueError` naming the field and its value when `amax_history_len` is
+  /// outside [1, `kMaxAmaxHistoryLen`] or `margin` is negative or above 64.
   void validate() const;
 };
 
