@@ -6,9 +6,12 @@ MANTISSA_FUSED_ADAMW_REFERENCE names the C++ helper; the tests that need it fail
 """
 
 import copy
+import math
 import os
 import subprocess
+import sys
 import tempfile
+import textwrap
 import unittest
 
 import torch
@@ -365,6 +368,377 @@ class FusedAdamWTest(unittest.TestCase):
         self.assertFalse(os.path.realpath(mantissa.__file__).startswith(checkout + os.sep),
                          mantissa.__file__)
         self.assertTrue(os.path.isfile(mantissa.library_path))
+
+
+def snapshot(opt):
+    """Everything an optimizer holds: its groups' options and parameters and each state tensor,
+    copied, to compare before and after a call that must change nothing."""
+    groups = [{k: (list(v) if k == "params" else copy.deepcopy(v)) for k, v in g.items()}
+              for g in opt.param_groups]
+    state = {id(p): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for p, s in opt.state.items()}
+    return groups, state
+
+
+def raw_archive(values):
+    """One level of a LibTorch archive built by hand, without the checks of save_optimizer_pt:
+    what a hostile or corrupt optimizer.pt can hold."""
+    module = torch._C.ScriptModule("__torch__.test.Level", torch._C.CompilationUnit(), True)
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            kind = torch._C.TensorType.get()
+        elif isinstance(value, torch._C.ScriptModule):
+            kind = value._type()
+        elif isinstance(value, bool):
+            kind = torch._C.BoolType.get()
+        elif isinstance(value, int):
+            kind = torch._C.IntType.get()
+        elif isinstance(value, float):
+            kind = torch._C.FloatType.get()
+        elif isinstance(value, str):
+            kind = torch._C.StringType.get()
+        else:
+            kind = torch._C.TupleType([torch._C.FloatType.get()] * len(value))
+        module._register_attribute(key, kind, value)
+    return module
+
+
+def write_optimizer_pt(path, groups_size=1, options=None, state=None):
+    """An optimizer.pt of one group with one parameter ('p0', 3 elements)."""
+    options = options if options is not None else {
+        "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False}
+    state = state if state is not None else {
+        "step": 3, "exp_avg": torch.zeros(3), "exp_avg_sq": torch.ones(3)}
+    group = raw_archive({"params/size": torch.tensor(1), "params/0": "p0",
+                         "options": raw_archive(options)})
+    raw_archive({
+        "pytorch_version": "1.5.0",
+        "state": raw_archive({"p0": raw_archive(state)}),
+        "param_groups": raw_archive({"param_groups/size": torch.tensor(groups_size),
+                                     "param_groups/0": group}),
+    }).save(path)
+
+
+def run_python(code, timeout=60):
+    """Runs `code` in a fresh interpreter with a time limit: a call that blocks (a FIFO) fails
+    the test instead of hanging the suite."""
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {timeout} s (blocked?):\n{code}") from None
+
+
+class HostileInputTest(unittest.TestCase):
+    """What a hostile-input trial (issue 40) found: states no finite run writes, options of the
+    wrong type or out of range, FIFOs and devices as files, and save_optimizer_pt twice in a
+    process. Each bad input is refused with an error that names it, and changes nothing."""
+
+    def trained(self, **options):
+        params = make_params(torch.bfloat16)
+        opt = FusedAdamW([{"params": params[:2]}, {"params": params[2:], "lr": 2e-3}], lr=1e-2,
+                         **options)
+        for grads in make_grads(params, 2):
+            for p, g in zip(params, grads):
+                p.grad = g
+            opt.step()
+        return params, opt
+
+    def assert_refused(self, opt, call, error, pattern):
+        before = snapshot(opt)
+        with self.assertRaisesRegex(error, pattern):
+            call()
+        after = snapshot(opt)
+        self.assertEqual(len(after[0]), len(before[0]))
+        for old, new in zip(before[0], after[0]):
+            self.assertEqual(old.keys(), new.keys())
+            for key in old:
+                if key == "params":
+                    self.assertTrue(all(a is b for a, b in zip(old[key], new[key])))
+                    self.assertEqual(len(old[key]), len(new[key]))
+                else:
+                    self.assertEqual(old[key], new[key], key)
+        self.assertEqual(before[1].keys(), after[1].keys())
+        for pid, values in before[1].items():
+            self.assertEqual(values.keys(), after[1][pid].keys())
+            for key, value in values.items():
+                self.assertEqual(after[1][pid][key].dtype, value.dtype, key)
+                self.assertTrue(torch.equal(after[1][pid][key], value), key)
+
+    def test_load_state_dict_refuses_states_no_finite_run_writes(self):
+        nan, inf = float("nan"), float("inf")
+        cases = [
+            # (options, param index, key, new value, error, pattern)
+            ({}, 1, "exp_avg", lambda v: v.index_fill(0, torch.tensor([0]), nan), ValueError,
+             r"parameter 1: exp_avg is not finite in \d+ of its \d+ values \(the first, nan"),
+            ({}, 2, "exp_avg", lambda v: v.index_fill(0, torch.tensor([1]), inf), ValueError,
+             r"parameter 2: exp_avg is not finite .*the first, inf, at flat index"),
+            ({}, 0, "exp_avg_sq", lambda v: v.index_fill(0, torch.tensor([2]), nan), ValueError,
+             r"parameter 0: exp_avg_sq is not finite"),
+            ({}, 0, "exp_avg_sq", lambda v: -v - 1, ValueError,
+             r"parameter 0: exp_avg_sq is negative in \d+ of its \d+ values \(the first, -"),
+            ({}, 1, "step", lambda v: torch.tensor(-1.0), ValueError,
+             r"parameter 1: step must be a whole number >= 0; got -1"),
+            ({}, 1, "step", lambda v: torch.tensor(nan), ValueError,
+             r"parameter 1: step must be a whole number >= 0; got nan"),
+            ({}, 1, "step", lambda v: 2.5, ValueError, r"step must be a whole number >= 0; got 2.5"),
+            ({}, 1, "exp_avg", lambda v: torch.zeros(2), ValueError,
+             r"parameter 1: exp_avg has shape \[2\] but the parameter has \[33\]"),
+            ({}, 1, "exp_avg", lambda v: v.to(torch.int32), TypeError,
+             r"parameter 1: exp_avg must be a dense floating-point tensor; got torch.int32"),
+            # 1e39 is finite in the file's fp64 but not in the fp32 moment it becomes.
+            (dict(master_weights=True), 0, "exp_avg_sq", lambda v: v.double().fill_(1e39),
+             ValueError, r"parameter 0: exp_avg_sq is not finite .*the first, inf"),
+            (dict(master_weights=True), 2, "master_param",
+             lambda v: v.index_fill(0, torch.tensor([0]), inf), ValueError,
+             r"parameter 2: master_param is not finite"),
+            (dict(low_precision_update="kahan"), 1, "kahan_comp",
+             lambda v: v.index_fill(0, torch.tensor([3]), nan), ValueError,
+             r"parameter 1: kahan_comp is not finite .*at flat index 3"),
+        ]
+        for options, index, key, change, error, pattern in cases:
+            with self.subTest(options=options, index=index, key=key, pattern=pattern):
+                params, opt = self.trained(**options)
+                state_dict = copy.deepcopy(opt.state_dict())
+                state_dict["state"][index][key] = change(state_dict["state"][index][key])
+                self.assert_refused(opt, lambda: opt.load_state_dict(state_dict), error, pattern)
+                # The optimizer goes on from the state it had, to finite parameters.
+                for p in params:
+                    p.grad = torch.ones_like(p)
+                opt.step()
+                for p in params:
+                    self.assertTrue(bool(torch.isfinite(p.detach().float()).all()))
+
+    def test_load_state_dict_refuses_bad_groups_and_layouts_without_a_change(self):
+        params, opt = self.trained()
+        good = opt.state_dict()
+        cases = [
+            (lambda sd: sd["param_groups"][1].__setitem__("lr", float("nan")), ValueError,
+             r"\['param_groups'\]\[1\]: Invalid learning rate: nan"),
+            (lambda sd: sd["param_groups"][0].__setitem__("lr", "x"), TypeError,
+             r"\['param_groups'\]\[0\]: lr must be a number; got 'x'"),
+            (lambda sd: sd["param_groups"][0].__setitem__("betas", (0.9,)), TypeError,
+             r"betas must be a pair \(beta1, beta2\); got \(0.9,\)"),
+            (lambda sd: sd["param_groups"][0].__setitem__("betas", (0.9, 0.99, 0.5)), TypeError,
+             r"betas must be a pair"),
+            (lambda sd: sd["param_groups"][1].__setitem__("eps", -1.0), ValueError,
+             r"Invalid epsilon value: -1.0"),
+            (lambda sd: sd["param_groups"][0].__setitem__("low_precision_update", "up"),
+             ValueError, r"got 'up'"),
+            (lambda sd: sd.pop("state"), ValueError, r"state_dict has no 'state'"),
+            (lambda sd: sd.pop("param_groups"), ValueError, r"state_dict has no 'param_groups'"),
+            (lambda sd: sd["param_groups"].pop(), ValueError,
+             r"state_dict has 1 parameter groups, this optimizer 2"),
+            (lambda sd: sd["param_groups"][0]["params"].append(7), ValueError,
+             r"\['param_groups'\]\[0\] has 3 parameters, this optimizer's group 2"),
+            (lambda sd: sd["param_groups"][1].__setitem__("params", [0]), ValueError,
+             r"\['param_groups'\]\[1\]\['params'\]\[0\] lists parameter 0 again"),
+            (lambda sd: sd["state"].__setitem__(9, {"step": torch.tensor(1.0)}), ValueError,
+             r"an entry for parameter 9, which no group lists"),
+        ]
+        for change, error, pattern in cases:
+            with self.subTest(pattern=pattern):
+                state_dict = copy.deepcopy(good)
+                change(state_dict)
+                self.assert_refused(opt, lambda: opt.load_state_dict(state_dict), error, pattern)
+        with self.assertRaisesRegex(TypeError, "state_dict must be a dict"):
+            opt.load_state_dict([1, 2])
+        opt.load_state_dict(copy.deepcopy(good))  # and the good one still loads
+
+    def test_add_param_group_refuses_before_adding(self):
+        params, opt = self.trained()
+        extra = torch.nn.Parameter(torch.randn(4))
+        cases = [
+            ({"params": [extra], "lr": float("nan")}, ValueError,
+             r"param group 2: Invalid learning rate: nan"),
+            ({"params": [extra], "lr": "x"}, TypeError, r"param group 2: lr must be a number"),
+            ({"params": [extra], "betas": (0.9,)}, TypeError, r"param group 2: betas must be a pair"),
+            ({"params": [extra], "weight_decay": float("inf")}, ValueError,
+             r"Invalid weight_decay value: inf"),
+            ({"params": [extra], "maximize": "yes"}, TypeError,
+             r"param group 2: maximize must be True or False; got 'yes'"),
+            ({"params": [extra], "stochastic_rounding_seed": -1}, ValueError,
+             r"stochastic_rounding_seed must be an integer in \[0, 2\*\*64\); got -1"),
+            ({"params": [extra, torch.zeros(2, dtype=torch.int64)]}, ValueError,
+             r"parameter 1 of param group 2 is torch.int64"),
+            ({"params": [extra, "w"]}, TypeError, r"param group 2: parameter 1 is not a tensor"),
+            ({"lr": 0.1}, ValueError, r"param group 2 has no 'params'"),
+            ({"params": [params[0]]}, ValueError, r"more than one parameter group"),
+        ]
+        for group, error, pattern in cases:
+            with self.subTest(pattern=pattern):
+                self.assert_refused(opt, lambda: opt.add_param_group(group), error, pattern)
+        opt.add_param_group({"params": (p for p in [extra]), "lr": 0.5})  # a generator
+        self.assertEqual(len(opt.param_groups[2]["params"]), 1)
+        self.assertIs(opt.param_groups[2]["params"][0], extra)
+        self.assertEqual(opt.param_groups[2]["lr"], 0.5)
+
+    def test_constructor_names_the_argument(self):
+        params = make_params(torch.float32)
+        with self.assertRaisesRegex(TypeError, r"FusedAdamW: lr must be a number; got 'x'"):
+            FusedAdamW(params, lr="x")
+        for betas in ((0.9,), (0.9, 0.99, 0.5), 0.9):
+            with self.assertRaisesRegex(TypeError, r"FusedAdamW: betas must be a pair"):
+                FusedAdamW(params, betas=betas)
+        with self.assertRaisesRegex(TypeError, r"betas\[1\] must be a number; got 'x'"):
+            FusedAdamW(params, betas=(0.9, "x"))
+        with self.assertRaisesRegex(ValueError, r"Invalid learning rate: inf"):
+            FusedAdamW(params, lr=math.inf)
+        with self.assertRaisesRegex(TypeError, r"master_weights must be True or False"):
+            FusedAdamW(params, master_weights="no")
+
+    def test_step_refuses_an_option_set_by_hand(self):
+        params, opt = self.trained()
+        for p in params:
+            p.grad = torch.ones_like(p)
+        before = [p.detach().clone() for p in params]
+        opt.param_groups[1]["lr"] = float("nan")
+        with self.assertRaisesRegex(ValueError, r"param group 1: Invalid learning rate: nan"):
+            opt.step()
+        for p, old in zip(params, before):
+            self.assertTrue(torch.equal(p.detach(), old))
+
+    def test_save_optimizer_pt_twice_in_a_process_and_both_load(self):
+        # A training loop that saves every N steps: save, step, save again; load both, in
+        # Python and in the C++ optimizer.
+        params, opt = self.trained(low_precision_update="kahan", stochastic_rounding_seed=1234)
+        with tempfile.TemporaryDirectory() as folder:
+            saved = []
+            for round_ in range(2):
+                if round_:
+                    for p in params:
+                        p.grad = torch.ones_like(p)
+                    opt.step()
+                path = os.path.join(folder, f"optimizer-{round_}.pt")
+                save_optimizer_pt(opt.state_dict(), path)
+                saved.append((path, copy.deepcopy(opt.state_dict())))
+            for path, state_dict in saved:
+                loaded = load_optimizer_pt(path)
+                for i, values in state_dict["state"].items():
+                    for key in ("step", "exp_avg", "exp_avg_sq", "kahan_comp"):
+                        if key in values:
+                            self.assertTrue(torch.equal(loaded["state"][i][key], values[key]),
+                                            f"{key} of {i} in {path}")
+            self.assertEqual(load_optimizer_pt(saved[0][0])["state"][0]["step"].item(), 2.0)
+            self.assertEqual(load_optimizer_pt(saved[1][0])["state"][0]["step"].item(), 3.0)
+        # The C++ side reads a file saved after another (the helper's own four parameters).
+        with tempfile.TemporaryDirectory() as folder:
+            run_helper("save", folder)
+            state_dict = load_optimizer_pt(os.path.join(folder, "optimizer.pt"))
+            params = [torch.nn.Parameter(torch.load(os.path.join(folder, "expected.pt"),
+                                                    weights_only=True)[f"param/{i}"].clone())
+                      for i in range(4)]
+            opt = FusedAdamW([{"params": params[:2]}, {"params": params[2:]}])
+            opt.load_state_dict(state_dict)
+            for round_ in range(2):
+                for p in params:
+                    p.grad = torch.ones_like(p)
+                opt.step()
+                save_optimizer_pt(opt.state_dict(), os.path.join(folder, "py_optimizer.pt"))
+                check = {f"param/{i}": params[i].detach() for i in range(4)}
+                for i, p in enumerate(params):
+                    for key, value in opt.state[p].items():
+                        check[f"state/{i}/{key}"] = value
+                check["lr/0"] = torch.tensor(1e-2, dtype=torch.float64)
+                check["lr/1"] = torch.tensor(3e-3, dtype=torch.float64)
+                check["seed"] = torch.tensor(1234)
+                torch.save(check, os.path.join(folder, "py_expected.pt"))
+                self.assertIn("check: PASSED", run_helper("check", folder), f"save {round_}")
+
+    def test_save_optimizer_pt_refuses_what_it_could_not_load(self):
+        params, opt = self.trained()
+        cases = [
+            (lambda sd: sd["param_groups"][0].__setitem__("lr", float("nan")), ValueError,
+             r"\['param_groups'\]\[0\]: Invalid learning rate: nan"),
+            (lambda sd: sd["state"][1].__setitem__("exp_avg_sq", -sd["state"][1]["exp_avg_sq"] - 1),
+             ValueError, r"\['state'\]\[1\]: exp_avg_sq is negative"),
+            (lambda sd: sd["state"][2].__setitem__("step", torch.tensor(-3.0)), ValueError,
+             r"\['state'\]\[2\]: step must be a whole number >= 0; got -3"),
+            (lambda sd: sd["state"][0]["exp_avg"].view(-1).__setitem__(0, float("inf")),
+             ValueError, r"\['state'\]\[0\]: exp_avg is not finite"),
+            (lambda sd: sd.pop("state"), ValueError, r"state_dict has no 'state'"),
+        ]
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "optimizer.pt")
+            for change, error, pattern in cases:
+                with self.subTest(pattern=pattern):
+                    state_dict = copy.deepcopy(opt.state_dict())
+                    change(state_dict)
+                    with self.assertRaisesRegex(error, pattern):
+                        save_optimizer_pt(state_dict, path)
+                    self.assertFalse(os.path.exists(path))
+
+    def test_load_optimizer_pt_refuses_what_no_finite_run_writes(self):
+        options = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+                   "amsgrad": False}
+        cases = [
+            (dict(groups_size=-1), r"param_groups/size is -1; a count is >= 0"),
+            (dict(options={**options, "lr": float("nan")}),
+             r"param_groups/0: Invalid learning rate: nan"),
+            (dict(options={**options, "betas": (0.9, 0.99, 0.5)}),
+             r"param_groups/0: option 'betas' must be a pair of numbers"),
+            (dict(options={**options, "lr": "x"}), r"option 'lr' must be a number; got 'x'"),
+            (dict(state={"step": -2, "exp_avg": torch.zeros(3), "exp_avg_sq": torch.ones(3)}),
+             r"the state of parameter 0: step must be a whole number >= 0; got -2"),
+            (dict(state={"step": 1, "exp_avg": torch.tensor([0.0, math.nan, 1.0]),
+                         "exp_avg_sq": torch.ones(3)}),
+             r"parameter 0: exp_avg is not finite in 1 of its 3 values \(the first, nan, at "
+             r"flat index 1\)"),
+            (dict(state={"step": 1, "exp_avg": torch.zeros(3),
+                         "exp_avg_sq": torch.tensor([1.0, -1.0, 1.0])}),
+             r"parameter 0: exp_avg_sq is negative"),
+            (dict(state={"step": 1, "exp_avg": torch.zeros(3), "exp_avg_sq": torch.ones(3),
+                         "kahan_comp": torch.full((3,), math.nan)}),
+             r"parameter 0: kahan_comp is not finite"),
+        ]
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "optimizer.pt")
+            write_optimizer_pt(path)
+            self.assertEqual(load_optimizer_pt(path)["state"][0]["step"].item(), 3.0)
+            for kwargs, pattern in cases:
+                with self.subTest(pattern=pattern):
+                    write_optimizer_pt(path, **kwargs)
+                    with self.assertRaisesRegex(ValueError, pattern):
+                        load_optimizer_pt(path)
+
+    def test_files_that_are_not_regular_are_refused_at_once(self):
+        params, opt = self.trained()
+        for device in ("/dev/zero", "/dev/null"):
+            with self.subTest(device=device):
+                with self.assertRaisesRegex(ValueError, f"cannot read '{device}': it is a "
+                                            "character device, not a regular file"):
+                    load_optimizer_pt(device)
+                with self.assertRaisesRegex(ValueError, f"cannot write '{device}': it is a "
+                                            "character device, not a regular file"):
+                    save_optimizer_pt(opt.state_dict(), device)
+        with tempfile.TemporaryDirectory() as folder:
+            with self.assertRaisesRegex(ValueError, "it is a directory"):
+                load_optimizer_pt(folder)
+            long_path = os.path.join(folder, "a" * 5000)
+            with self.assertRaises(OSError) as caught:
+                load_optimizer_pt(long_path)
+            self.assertLess(len(str(caught.exception)), 300)
+            # A FIFO without a writer (or a reader) blocks an open: in a child process with a
+            # time limit, so that a regression fails instead of hanging the suite.
+            fifo = os.path.join(folder, "optimizer.pt")
+            os.mkfifo(fifo)
+            done = run_python(f"""
+                import torch
+                from mantissa.optim import FusedAdamW, load_optimizer_pt, save_optimizer_pt
+                p = torch.nn.Parameter(torch.ones(3))
+                opt = FusedAdamW([p])
+                p.grad = torch.ones(3)
+                opt.step()
+                for call in (lambda: load_optimizer_pt({fifo!r}),
+                             lambda: save_optimizer_pt(opt.state_dict(), {fifo!r})):
+                    try:
+                        call()
+                        print("accepted")
+                    except ValueError as e:
+                        print("refused:", e)
+                """)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertEqual(done.stdout.count("it is a FIFO, not a regular file"), 2, done.stdout)
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the GPU check runs these)")

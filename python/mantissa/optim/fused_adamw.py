@@ -1,9 +1,13 @@
 """``mantissa.optim.FusedAdamW``: AdamW in one pass per tensor on mantissa's C++ kernels."""
 
+import copy
+from collections import defaultdict
+
 import torch
 
+from mantissa.optim import _checks
+
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-_RULES = ("nearest", "kahan", "stochastic_rounding")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -75,46 +79,60 @@ class FusedAdamW(torch.optim.Optimizer):
             stochastic_rounding_seed=stochastic_rounding_seed,
             fp32_moments=fp32_moments,
         )
-        self._check_options(defaults)
+        self._check_options(defaults, "FusedAdamW")
         super().__init__(params, defaults)
         # GradScaler.step() then sets self.grad_scale and self.found_inf and calls step()
         # without unscaling, as it does for torch.optim.AdamW(fused=True).
         self._step_supports_amp_scaling = True
 
     @staticmethod
-    def _check_options(group):
-        if not 0.0 <= group["lr"]:
-            raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if not 0.0 <= group["eps"]:
-            raise ValueError(f"Invalid epsilon value: {group['eps']}")
-        beta1, beta2 = group["betas"]
-        if not 0.0 <= beta1 < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {beta1}")
-        if not 0.0 <= beta2 < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {beta2}")
-        if not 0.0 <= group["weight_decay"]:
-            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
-        if group.get("amsgrad", False):
-            raise ValueError("FusedAdamW: amsgrad=True is not supported")
-        if group["low_precision_update"] not in _RULES:
-            raise ValueError(
-                "low_precision_update must be nearest, kahan or stochastic_rounding; got "
-                f"{group['low_precision_update']!r}"
-            )
-        seed = group["stochastic_rounding_seed"]
-        if not (isinstance(seed, int) and 0 <= seed < (1 << 64)):
-            raise ValueError(f"stochastic_rounding_seed must be an integer in [0, 2**64); got {seed!r}")
+    def _check_options(group, where):
+        """A ValueError or TypeError naming ``where``, the option and its value unless every
+        option of ``group`` is one a step can run with (finite, in range, of its type)."""
+        _checks.check_options(group, where)
 
-    def add_param_group(self, param_group):
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        self._check_options(group)
-        for i, p in enumerate(group["params"]):
+    @staticmethod
+    def _param_tensors(params, where):
+        """A group's ``params`` as PyTorch's ``add_param_group`` takes them (a tensor, or an
+        ordered collection of tensors or of (name, tensor) pairs) as a list, each tensor
+        checked."""
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        if isinstance(params, set):
+            raise TypeError(f"{where}: params must be an ordered collection, not a set")
+        try:
+            params = list(params)
+        except TypeError:
+            raise TypeError(
+                f"{where}: params must be a tensor or a list of tensors; got "
+                f"{_checks.shorten(params)}") from None
+        for i, p in enumerate(params):
+            if isinstance(p, tuple) and len(p) == 2:
+                p = p[1]
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{where}: parameter {i} is not a tensor: {_checks.shorten(p)}")
             if p.dtype not in _DTYPES:
                 raise ValueError(
                     "FusedAdamW supports float32, bfloat16, float16 and float64 parameters; "
-                    f"parameter {i} of group {len(self.param_groups) - 1} is {p.dtype}"
+                    f"parameter {i} of {where} is {p.dtype}"
                 )
+        return params
+
+    def add_param_group(self, param_group):
+        """``Optimizer.add_param_group``, but every option and parameter is checked before
+        the group is added: a rejected group leaves the optimizer as it was."""
+        where = f"param group {len(self.param_groups)}"
+        if not isinstance(param_group, dict):
+            raise TypeError(f"{where} must be a dict; got {_checks.shorten(param_group)}")
+        if "params" not in param_group:
+            raise ValueError(f"{where} has no 'params'")
+        params = self._param_tensors(param_group["params"], where)
+        candidate = dict(self.defaults)
+        candidate.update(param_group)
+        self._check_options(candidate, where)
+        # A generator is consumed once: the base class gets the list.
+        param_group["params"] = params
+        super().add_param_group(param_group)
 
     @staticmethod
     def _has_master(group, p):
@@ -164,6 +182,9 @@ class FusedAdamW(torch.optim.Optimizer):
             found_inf = found_inf.reshape(())
         if grad_scale is not None:
             grad_scale = grad_scale.reshape(())
+        # An option set by hand or by a scheduler (lr NaN) is refused before anything is written.
+        for g, group in enumerate(self.param_groups):
+            self._check_options(group, f"param group {g}")
         index = 0  # over all groups: stochastic rounding's key, numbered as in C++
         for group in self.param_groups:
             calls = {}
@@ -206,41 +227,127 @@ class FusedAdamW(torch.optim.Optimizer):
                 )
         return loss
 
+    @torch._disable_dynamo
     def load_state_dict(self, state_dict):
         """Python's ``Optimizer.load_state_dict``, but each tensor keeps the dtype this
         optimizer stores it in (the base class would cast fp32 masters and moments to a bf16
         parameter's dtype): ``step`` fp32, ``master_param`` fp32, moments as in a fresh state,
         ``kahan_comp`` in the parameter's dtype; all on the parameter's device. Also accepts
-        what :func:`mantissa.optim.load_optimizer_pt` returns."""
-        saved = {
-            param_id: dict(values) for param_id, values in state_dict["state"].items()
-        }
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            self._check_options(group)
-        params = [(g, p) for g in self.param_groups for p in g["params"]]
-        for param_id, (group, p) in zip(saved_ids, params):
-            values = saved.get(param_id)
-            if values is None:
+        what :func:`mantissa.optim.load_optimizer_pt` returns.
+
+        Everything is checked before anything changes, and a state no finite run writes is
+        refused with a ValueError (or a TypeError for a value of the wrong kind) naming the
+        key, the parameter and the value: options out of range, a NaN/inf moment, master or
+        Kahan buffer, a negative second moment, a negative or fractional step, a tensor of
+        another shape than its parameter. A rejected call leaves the optimizer as it was.
+        Reads every tensor (a sync on CUDA)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(
+                f"FusedAdamW.load_state_dict: state_dict must be a dict; got "
+                f"{_checks.shorten(state_dict)}")
+        state_dict = state_dict.copy()
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        groups, state = self._checked_state(state_dict)
+        self.__setstate__({"state": state, "param_groups": groups})
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _checked_state(self, state_dict):
+        """The param_groups and state ``load_state_dict`` installs, built and checked without
+        touching the optimizer: what PyTorch's ``Optimizer.load_state_dict`` computes, plus the
+        checks."""
+        where = "FusedAdamW.load_state_dict"
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"{where}: state_dict has no '{key}'")
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)):
+            raise TypeError(f"{where}: state_dict['param_groups'] must be a list; got "
+                            f"{_checks.shorten(saved_groups)}")
+        if not isinstance(saved_state, dict):
+            raise TypeError(f"{where}: state_dict['state'] must be a dict; got "
+                            f"{_checks.shorten(saved_state)}")
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"{where}: state_dict has {len(saved_groups)} parameter groups, this optimizer "
+                f"{len(self.param_groups)}")
+        groups, id_map = [], {}
+        for g, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            at = f"{where}: state_dict['param_groups'][{g}]"
+            if not isinstance(saved, dict) or "params" not in saved:
+                raise ValueError(f"{at} must be a dict with 'params'")
+            saved_ids = saved["params"]
+            if not isinstance(saved_ids, (list, tuple)):
+                raise TypeError(f"{at}['params'] must be a list; got {_checks.shorten(saved_ids)}")
+            if len(saved_ids) != len(group["params"]):
+                raise ValueError(
+                    f"{at} has {len(saved_ids)} parameters, this optimizer's group "
+                    f"{len(group['params'])}")
+            for j, (param_id, p) in enumerate(zip(saved_ids, group["params"])):
+                try:
+                    duplicate = param_id in id_map
+                except TypeError:
+                    raise TypeError(f"{at}['params'][{j}] is not a parameter id: "
+                                    f"{_checks.shorten(param_id)}") from None
+                if duplicate:
+                    raise ValueError(f"{at}['params'][{j}] lists parameter "
+                                     f"{_checks.shorten(param_id)} again")
+                id_map[param_id] = (len(id_map), g, p)
+            new_group = copy.deepcopy({k: v for k, v in saved.items() if k != "params"})
+            new_group["params"] = group["params"]
+            if "param_names" in group and "param_names" not in new_group:
+                new_group["param_names"] = group["param_names"]
+            for key, value in self.defaults.items():
+                new_group.setdefault(key, value)
+            self._check_options(new_group, at)
+            groups.append(new_group)
+        state = defaultdict(dict)
+        for param_id, values in saved_state.items():
+            try:
+                entry = id_map.get(param_id)
+            except TypeError:
+                entry = None
+            if entry is None:
+                raise ValueError(f"{where}: state_dict['state'] has an entry for parameter "
+                                 f"{_checks.shorten(param_id)}, which no group lists")
+            index, g, p = entry
+            at = f"{where}: the state of parameter {index}"
+            if not isinstance(values, dict):
+                raise TypeError(f"{at} must be a dict; got {_checks.shorten(values)}")
+            state[p] = self._checked_param_state(groups[g], p, values, at)
+        return groups, state
+
+    def _checked_param_state(self, group, p, values, where):
+        """One parameter's state, each tensor a copy in the dtype this optimizer stores it in,
+        on the parameter's device, checked after the cast (a value that overflows the
+        parameter's dtype is refused)."""
+        state = {}
+        for key, value in values.items():
+            if key == "step":
+                state[key] = torch.tensor(_checks.step_value(value, where), dtype=torch.float32,
+                                          device=p.device)
                 continue
-            state = self.state[p]
-            for key, value in values.items():
-                if not isinstance(value, torch.Tensor):
-                    if key == "step":
-                        value = torch.tensor(float(value))
-                    else:
-                        continue
-                if key == "step":
-                    dtype = torch.float32
-                    value = value.reshape(())
-                elif key == "master_param":
-                    dtype = torch.float32
-                elif key in ("exp_avg", "exp_avg_sq"):
-                    dtype = self._moment_dtype(group, p)
-                else:
-                    dtype = p.dtype
-                state[key] = value.to(device=p.device, dtype=dtype, copy=True)
+            if not isinstance(value, torch.Tensor):
+                state[key] = copy.deepcopy(value)
+                continue
+            if key == "master_param":
+                dtype = torch.float32
+            elif key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                dtype = self._moment_dtype(group, p)
+            else:
+                dtype = p.dtype
+            if key in _checks.STATE_TENSORS:
+                # The kind and shape before the cast (a complex or int tensor would cast), the
+                # values after it (a value beyond the range of a bf16 moment becomes inf).
+                _checks.check_state_tensor(key, value, where, p.shape, values=False)
+            value = value.to(device=p.device, dtype=dtype, copy=True)
+            if key in _checks.STATE_TENSORS:
+                _checks.check_state_tensor(key, value, where)
+            state[key] = value
+        return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
