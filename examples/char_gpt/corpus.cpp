@@ -1,12 +1,21 @@
 #include "corpus.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 
 #include <torch/torch.h>
+
+// Internal headers of the library (this example is built in its tree): the regular-file check
+// its own readers use, and the one way a message shortens a long path.
+#include "io/atomic_file.h"
+#include "shorten.h"
 
 namespace mantissa::examples {
 namespace {
@@ -19,22 +28,60 @@ std::string missing_corpus_hint(const std::string& path) {
   return "Pass --corpus with a UTF-8 text file, plain or gzip-compressed";
 }
 
-// gzread reads plain files too, so one reader serves .gz and uncompressed text.
-std::string read_bytes(const std::string& path) {
-  TORCH_CHECK(::access(path.c_str(), R_OK) == 0, "corpus file '", path,
+// At most `limit` bytes of the file's text (decompressed), so that --max_corpus_chars bounds
+// the read itself; `*more` (unless null) says whether the text goes on past them. gzread reads
+// plain files too, so one reader serves .gz and uncompressed text. Only a regular file is opened: a
+// FIFO would block the open (and gzopen's first read), a device such as /dev/zero would never end.
+std::string read_bytes(const std::string& path, std::uint64_t limit, bool* more) {
+  const auto shown = mantissa::detail::shorten_path(path);
+  TORCH_CHECK(::access(path.c_str(), R_OK) == 0, "corpus file '", shown,
               "' not found or not readable. ", missing_corpus_hint(path));
-  gzFile file = gzopen(path.c_str(), "rb");
-  TORCH_CHECK(file != nullptr, "cannot open corpus file '", path, "'");
+  try {
+    mantissa::io::check_regular_file(path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "corpus file: ", e.what_without_backtrace(), ". ",
+                missing_corpus_hint(path));
+  }
+  // O_NONBLOCK: should the path have become a FIFO since the check, the open does not wait
+  // for a writer, and the fstat below refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  TORCH_CHECK(fd >= 0, "cannot open corpus file '", shown, "': ", std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    TORCH_CHECK(false, "corpus file '", shown, "' is not a regular file");
+  }
+  gzFile file = gzdopen(fd, "rb");  // owns fd from here on
+  if (file == nullptr) {
+    ::close(fd);
+    TORCH_CHECK(false, "cannot open corpus file '", shown, "'");
+  }
   std::string bytes;
   std::array<char, 1 << 16> chunk{};
-  int got = 0;
-  while ((got = gzread(file, chunk.data(), static_cast<unsigned>(chunk.size()))) > 0) {
+  int got = 0;  // the last gzread's: > 0 (stopped at the limit), 0 (the end) or < 0 (an error)
+  while (bytes.size() < limit) {
+    const auto want =
+        static_cast<unsigned>(std::min<std::uint64_t>(chunk.size(), limit - bytes.size()));
+    got = gzread(file, chunk.data(), want);
+    if (got <= 0) break;
     bytes.append(chunk.data(), static_cast<size_t>(got));
   }
+  if (more != nullptr) {
+    *more = false;
+    if (got > 0) {  // stopped at the limit: does the text go on?
+      char next = 0;
+      got = gzread(file, &next, 1);
+      *more = got > 0;
+    }
+  }
   int code = Z_OK;
-  const std::string message = gzerror(file, &code);
+  std::string message = gzerror(file, &code);
   gzclose(file);
-  TORCH_CHECK(got == 0 && code == Z_OK, "corpus file '", path, "' is truncated or corrupt (",
+  // gzerror names the file as gzdopen knows it, "<fd:3>: ": the message names the path.
+  if (message.rfind("<fd:", 0) == 0 && message.find(": ") != std::string::npos) {
+    message.erase(0, message.find(": ") + 2);
+  }
+  TORCH_CHECK(got >= 0 && code == Z_OK, "corpus file '", shown, "' is truncated or corrupt (",
               message, ")");
   return bytes;
 }
@@ -54,12 +101,12 @@ std::u32string decode_utf8(const std::string& bytes, const std::string& path,
                        : (lead >> 3) == 0x1E ? 4
                                              : 0;
     TORCH_CHECK(length > 0 && i + static_cast<size_t>(length) <= bytes.size(), "corpus file '",
-                path, "' is not UTF-8 text (bad byte 0x", std::hex, static_cast<int>(lead),
-                std::dec, " at offset ", i, ")");
+                mantissa::detail::shorten_path(path), "' is not UTF-8 text (bad byte 0x", std::hex,
+                static_cast<int>(lead), std::dec, " at offset ", i, ")");
     char32_t c = length == 1 ? lead : lead & (0x7F >> length);
     for (int k = 1; k < length; ++k) {
       const auto next = static_cast<unsigned char>(bytes[i + static_cast<size_t>(k)]);
-      TORCH_CHECK((next & 0xC0) == 0x80, "corpus file '", path,
+      TORCH_CHECK((next & 0xC0) == 0x80, "corpus file '", mantissa::detail::shorten_path(path),
                   "' is not UTF-8 text (bad continuation byte at offset ",
                   i + static_cast<size_t>(k), ")");
       c = (c << 6) | (next & 0x3F);
@@ -67,7 +114,8 @@ std::u32string decode_utf8(const std::string& bytes, const std::string& path,
     static constexpr std::array<char32_t, 5> kMinimum{0, 0, 0x80, 0x800, 0x10000};
     TORCH_CHECK(
         c >= kMinimum[static_cast<size_t>(length)] && c <= 0x10FFFF && (c < 0xD800 || c > 0xDFFF),
-        "corpus file '", path, "' is not UTF-8 text (invalid sequence at offset ", i, ")");
+        "corpus file '", mantissa::detail::shorten_path(path),
+        "' is not UTF-8 text (invalid sequence at offset ", i, ")");
     text.push_back(c);
     i += static_cast<size_t>(length);
   }
@@ -96,8 +144,19 @@ void append_utf8(std::string& out, char32_t c) {
 
 std::u32string read_corpus(const std::string& path, std::int64_t max_chars) {
   TORCH_CHECK_VALUE(max_chars >= 0, "max_corpus_chars must be >= 0, got ", max_chars);
-  auto text = decode_utf8(read_bytes(path), path, max_chars);
-  TORCH_CHECK(!text.empty(), "corpus file '", path, "' is empty. ", missing_corpus_hint(path));
+  // A character takes at most 4 bytes of UTF-8: 4 * max_chars bytes hold max_chars of them.
+  constexpr std::uint64_t kMaxBytes = mantissa::io::kMaxReadFileBytes;
+  const bool bounded = max_chars > 0 && static_cast<std::uint64_t>(max_chars) <= kMaxBytes / 4;
+  bool more = false;
+  const auto bytes = bounded ? read_bytes(path, 4 * static_cast<std::uint64_t>(max_chars), nullptr)
+                             : read_bytes(path, kMaxBytes, &more);
+  TORCH_CHECK_VALUE(!more, "corpus file '", mantissa::detail::shorten_path(path),
+                    "' holds more than ", kMaxBytes,
+                    " bytes of text; pass --max_corpus_chars (at most ", kMaxBytes / 4,
+                    ") to train on its beginning");
+  auto text = decode_utf8(bytes, path, max_chars);
+  TORCH_CHECK(!text.empty(), "corpus file '", mantissa::detail::shorten_path(path), "' is empty. ",
+              missing_corpus_hint(path));
   return text;
 }
 
@@ -138,8 +197,9 @@ TokenWindows::TokenWindows(torch::Tensor tokens, std::int64_t block_size, std::i
   TORCH_CHECK_VALUE(tokens_.dim() == 1, "TokenWindows: tokens must be 1-d, got ", tokens_.sizes());
   TORCH_CHECK_VALUE(block_size_ > 0 && stride_ > 0, "TokenWindows: block_size (", block_size_,
                     ") and stride (", stride_, ") must be positive");
-  const auto span = tokens_.numel() - (block_size_ + 1);
-  count_ = span < 0 ? 0 : span / stride_ + 1;
+  // Not numel - (block_size + 1): that overflows for a block_size near the int64 maximum.
+  const auto numel = tokens_.numel();
+  count_ = numel > block_size_ ? (numel - block_size_ - 1) / stride_ + 1 : 0;
 }
 
 mantissa::Batch TokenWindows::get_batch(c10::ArrayRef<size_t> indices) {

@@ -33,6 +33,7 @@
 #include "../common/example_flags.h"
 #include "corpus.h"
 #include "model.h"
+#include "shorten.h"  // the library's internal header (src/): a long --corpus path in messages
 
 namespace {
 
@@ -119,6 +120,7 @@ int main(int argc, char** argv) try {
   TORCH_CHECK_VALUE(flags.sample_chars >= 0, "sample_chars must be >= 0, got ", flags.sample_chars);
 
   const auto text = mantissa::examples::read_corpus(flags.corpus, flags.max_corpus_chars);
+  const auto shown_corpus = mantissa::detail::shorten_path(flags.corpus);
   const CharVocabulary vocabulary(text);
   const auto config = flags.model_config(vocabulary.size());
   const auto tokens = vocabulary.encode(text);
@@ -127,11 +129,14 @@ int main(int argc, char** argv) try {
   TokenWindows train(tokens.narrow(0, 0, tokens.numel() - n_val), config.block_size, /*stride=*/1);
   TokenWindows validation(tokens.narrow(0, tokens.numel() - n_val, n_val), config.block_size,
                           config.block_size);
-  TORCH_CHECK_VALUE(
-      *train.size() > 0 && *validation.size() > 0, "corpus '", flags.corpus, "': ", tokens.numel(),
-      " characters are too few for block_size ", config.block_size, " (the held-out ", n_val,
-      " characters need at least ", config.block_size + 1,
-      "); use more text (--max_corpus_chars), a larger --val_fraction or a smaller --block_size");
+  // A window is block_size + 1 characters: "longer than block_size" says so without computing
+  // block_size + 1, which overflows for a block_size near the int64 maximum.
+  TORCH_CHECK_VALUE(*train.size() > 0 && *validation.size() > 0, "corpus '", shown_corpus,
+                    "': ", tokens.numel(), " characters are too few for block_size ",
+                    config.block_size, " (the training part, ", tokens.numel() - n_val,
+                    " characters, and the held-out part, ", n_val,
+                    ", must each be longer than block_size); use more text (--max_corpus_chars), a "
+                    "larger --val_fraction or a smaller --block_size");
 
   torch::manual_seed(static_cast<std::uint64_t>(args.seed()));
   TORCH_CHECK_VALUE(flags.linear_cross_entropy_chunk_size >= 0,
@@ -146,7 +151,7 @@ int main(int argc, char** argv) try {
   std::printf(
       "char_gpt: corpus %s: %lld characters, %lld distinct; train %lld, validation %lld (%zu "
       "windows)\n",
-      flags.corpus.c_str(), static_cast<long long>(tokens.numel()),
+      shown_corpus.c_str(), static_cast<long long>(tokens.numel()),
       static_cast<long long>(vocabulary.size()), static_cast<long long>(tokens.numel() - n_val),
       static_cast<long long>(n_val), *validation.size());
   std::printf("char_gpt: model %lld layers, %lld heads, %lld wide, block %lld: %.2fM parameters\n",
