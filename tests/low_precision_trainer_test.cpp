@@ -139,7 +139,7 @@ TEST(LowPrecisionTrainerTest, ANonFiniteKahanCompensationIsRefusedOnResume) {
   EXPECT_THAT([&] { resumed.train(dir + "/checkpoint-4"); },
               ThrowsMessage<c10::ValueError>(AllOf(HasSubstr("optimizer.pt"),
                                                    HasSubstr("the state 'kahan_comp' of parameter 0"),
-                                                   HasSubstr("1 NaN or infinite value(s)"))));
+                                                   HasSubstr("holds NaN or infinite values: 1 of its"))));
 }
 
 TEST(LowPrecisionTrainerTest, CompensatedRulesNeedFusedAdamW) {
