@@ -12,6 +12,7 @@
 3. The same model and step in PyTorch from Python (bench/python/char_gpt.py, torch.amp) in bf16.
 4. Eager against CUDA-graph steps (--cuda_graph) on the tiny char_gpt, where launches dominate;
    the Python loop on the same tiny model beside them.
+5. (3) again with the model under torch.compile, the warm-up steps holding the compilation.
 
 Writes OUT_DIR/gpu-benchmarks.json (every figure, every command) and prints a table with the
 issue's targets. Each char_gpt figure is the median tokens/s of the Trainer's log windows after
@@ -109,10 +110,10 @@ def char_gpt(args, name, size_flags, mode_flags, steps, logging_steps, batch, ex
     return result
 
 
-def python_char_gpt(args, name, model_size, precision, steps, warmup, batch):
+def python_char_gpt(args, name, model_size, precision, steps, warmup, batch, extra=()):
     cmd = [args.python, os.path.join(ROOT, "bench/python/char_gpt.py"), "--model_size", model_size,
            "--precision", precision, "--steps", str(steps), "--warmup", str(warmup),
-           "--batch_size", str(batch), "--corpus", args.corpus]
+           "--batch_size", str(batch), "--corpus", args.corpus, *extra]
     rc, text = run(cmd, args.dry_run, os.path.join(args.out, f"python-{name}.txt"))
     result = {"name": name, "command": " ".join(cmd), "rc": rc}
     if rc == 0 and not args.dry_run:
@@ -135,20 +136,30 @@ def main():
         args.corpus = SYSTEM_CORPUS if os.path.exists(SYSTEM_CORPUS) else PACKED_CORPUS
     big_steps, tiny_steps = (12, 60) if args.quick else (40, 300)
     report = {"corpus": args.corpus}
+    report_path = os.path.join(args.out, "gpu-benchmarks.json")
+
+    def save():
+        # Written after each measurement: a run killed at its time limit keeps what it measured.
+        if not args.dry_run:
+            with open(report_path, "w") as f:
+                json.dump(report, f, indent=2)
 
     # 1. Limits.
     rc, text = run([os.path.join(args.build, "bench/gpu_bench"), "--repeats", "5" if args.quick else "20"],
                    args.dry_run, os.path.join(args.out, "gpu_bench.txt"))
     report["limits"] = last_json_line(text) if rc == 0 and not args.dry_run else {"rc": rc}
+    save()
 
     # 2. GPT-2-small in each precision mode, and 3. the Python loop beside bf16.
     size = ["--model_size", "gpt2-small"]
     report["gpt2_small"] = {}
     for mode, flags in MODES.items():
         report["gpt2_small"][mode] = char_gpt(args, f"gpt2-small-{mode}", size, flags, big_steps, big_steps // 4, 16)
+        save()
         if mode == "bf16":
             report["gpt2_small"]["python_bf16"] = python_char_gpt(args, "gpt2-small-bf16", "gpt2-small", "bf16",
                                                                   big_steps - 10, 10, 16)
+            save()
 
     # 4. Eager against graphs, interleaved twice, on the tiny model; Python beside them.
     tiny = ["--model_size", "tiny"]
@@ -157,13 +168,19 @@ def main():
         for kind, extra in (("eager", []), ("graph", ["--cuda_graph"])):
             report["tiny"][kind].append(char_gpt(args, f"tiny-bf16-{kind}-{repeat}", tiny, ["--bf16"], tiny_steps,
                                                  tiny_steps // 6, 16, extra))
+            save()
     report["tiny"]["python_bf16"] = python_char_gpt(args, "tiny-bf16", "tiny", "bf16", tiny_steps // 2, 20, 16)
+    save()
+
+    # 5. The same GPT-2-small bf16 step in Python under torch.compile: last, since compiling
+    # takes the longest and a run cut at its time limit keeps everything before it.
+    report["gpt2_small"]["python_bf16_compiled"] = python_char_gpt(
+        args, "gpt2-small-bf16-compiled", "gpt2-small", "bf16", big_steps - 10, 10, 16, ["--compile"])
 
     if args.dry_run:
         return 0
     summarize(report)
-    with open(os.path.join(args.out, "gpu-benchmarks.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    save()
     return 0
 
 
@@ -186,6 +203,7 @@ def summarize(report):
     summary["fp8_current_vs_bf16"] = ratio(tps.get("fp8_current"), tps.get("bf16"))
     summary["fp8_gemm_speedup"] = (limits.get("gemm") or {}).get("fp8_speedup_over_bf16")
     summary["mantissa_vs_python_bf16"] = ratio(tps.get("bf16"), tps.get("python_bf16"))
+    summary["mantissa_vs_python_compiled_bf16"] = ratio(tps.get("bf16"), tps.get("python_bf16_compiled"))
     n_params = runs.get("bf16", {}).get("params")
     if n_params and peak_tflops:
         fpt = flops_per_token(n_params, **GPT2_SMALL)
@@ -208,6 +226,7 @@ def summarize(report):
                ("fused AdamW step / copy bandwidth", summary["fused_adamw_fraction_of_copy"], 0.80),
                ("CUDA graph / eager, tiny model", summary["graph_vs_eager_tiny"], 1.3),
                ("mantissa / PyTorch-in-Python, bf16", summary["mantissa_vs_python_bf16"], 1.0),
+               ("mantissa / torch.compile in Python, bf16", summary["mantissa_vs_python_compiled_bf16"], 1.0),
                ("tf32 / fp32 GEMM time", summary["tf32_gemm_speedup"], 1.5),
                ("fp8 / bf16 GEMM time (_scaled_mm)", summary["fp8_gemm_speedup"], 1.5),
                ("fp8 delayed / bf16 tokens/s, gpt2-small", summary["fp8_delayed_vs_bf16"], 1.0)]

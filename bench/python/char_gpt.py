@@ -152,6 +152,9 @@ def main():
     parser.add_argument("--max_corpus_chars", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--compile", action="store_true",
+                        help="run the model through torch.compile (the warm-up steps hold the "
+                             "compilation)")
     parser.add_argument("--optimizer", default="fused", choices=["fused", "for-loop"],
                         help="torch.optim.AdamW(fused=True) or its per-tensor loop (foreach=False)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
@@ -174,6 +177,7 @@ def main():
     model = CharGpt(vocab_size, **config).to(device)
     model.gradient_checkpointing = args.gradient_checkpointing
     n_params = sum(p.numel() for p in model.parameters())
+    forward = torch.compile(model) if args.compile else model
 
     # HF's split: decay for >= 2-d weights only.
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -206,7 +210,7 @@ def main():
     def train_step():
         x, y = batch()
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            logits = model(x)
+            logits = forward(x)
             loss = F.cross_entropy(logits.view(-1, vocab_size), y.reshape(-1))
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -236,6 +240,7 @@ def main():
         "steps": args.steps, "median_step_s": seconds, "tokens_per_second": args.batch_size * block / seconds,
         "last_loss": loss.item(), "gradient_checkpointing": args.gradient_checkpointing,
         "torch": torch.__version__, "optimizer": args.optimizer, "threads": torch.get_num_threads(),
+        "compiled": args.compile,
         **({"profile": profile} if profile else {}),
     }))
 
