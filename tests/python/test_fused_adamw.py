@@ -39,6 +39,20 @@ def run_helper(*args):
     return done.stdout
 
 
+def save_for_cpp_check(opt, params, folder, lrs, seed=1234):
+    """Writes opt's state as py_optimizer.pt and what the C++ helper's `check` must read from it
+    (each parameter, each state tensor, the two groups' rates, the seed) as py_expected.pt."""
+    save_optimizer_pt(opt.state_dict(), os.path.join(folder, "py_optimizer.pt"))
+    check = {f"param/{i}": p.detach() for i, p in enumerate(params)}
+    for i, p in enumerate(params):
+        for key, value in opt.state[p].items():
+            check[f"state/{i}/{key}"] = value
+    for group, lr in enumerate(lrs):
+        check[f"lr/{group}"] = torch.tensor(lr, dtype=torch.float64)
+    check["seed"] = torch.tensor(seed)
+    torch.save(check, os.path.join(folder, "py_expected.pt"))
+
+
 def max_relative_error(actual, expected):
     actual, expected = actual.double(), expected.double()
     return ((actual - expected).abs() / expected.abs().clamp_min(1e-30)).max().item()
@@ -336,15 +350,7 @@ class FusedAdamWTest(unittest.TestCase):
             opt.step()
             self.assertEqual(opt.state[params[3]]["step"].item(), 4.0)
 
-            save_optimizer_pt(opt.state_dict(), os.path.join(folder, "py_optimizer.pt"))
-            check = {f"param/{i}": params[i].detach() for i in range(4)}
-            for i, p in enumerate(params):
-                for key, value in opt.state[p].items():
-                    check[f"state/{i}/{key}"] = value
-            check["lr/0"] = torch.tensor(1e-2, dtype=torch.float64)
-            check["lr/1"] = torch.tensor(2e-3, dtype=torch.float64)
-            check["seed"] = torch.tensor(1234)
-            torch.save(check, os.path.join(folder, "py_expected.pt"))
+            save_for_cpp_check(opt, params, folder, lrs=(1e-2, 2e-3))
             self.assertIn("check: PASSED", run_helper("check", folder))
             # And the Python writer round-trips through the Python reader.
             again = load_optimizer_pt(os.path.join(folder, "py_optimizer.pt"))
@@ -634,15 +640,7 @@ class HostileInputTest(unittest.TestCase):
                 for p in params:
                     p.grad = torch.ones_like(p)
                 opt.step()
-                save_optimizer_pt(opt.state_dict(), os.path.join(folder, "py_optimizer.pt"))
-                check = {f"param/{i}": params[i].detach() for i in range(4)}
-                for i, p in enumerate(params):
-                    for key, value in opt.state[p].items():
-                        check[f"state/{i}/{key}"] = value
-                check["lr/0"] = torch.tensor(1e-2, dtype=torch.float64)
-                check["lr/1"] = torch.tensor(3e-3, dtype=torch.float64)
-                check["seed"] = torch.tensor(1234)
-                torch.save(check, os.path.join(folder, "py_expected.pt"))
+                save_for_cpp_check(opt, params, folder, lrs=(1e-2, 3e-3))
                 self.assertIn("check: PASSED", run_helper("check", folder), f"save {round_}")
 
     def test_save_optimizer_pt_refuses_what_it_could_not_load(self):
