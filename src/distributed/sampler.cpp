@@ -6,6 +6,8 @@
 
 #include "mantissa/distributed.h"
 
+#include "checked_math.h"
+
 namespace mantissa::distributed {
 
 std::vector<int64_t> distributed_sampler_indices(int64_t num_examples, int64_t world_size,
@@ -23,8 +25,9 @@ std::vector<int64_t> distributed_sampler_indices(int64_t num_examples, int64_t w
   // Python: ceil((n - R) / R) with drop_last and a ragged tail, else ceil(n / R). For a ragged n
   // the first equals floor(n / R), also when n < R (ceil of a value in (-1, 0) is 0).
   const bool ragged = num_examples % world_size != 0;
-  const int64_t num_samples = (drop_last && ragged) ? num_examples / world_size
-                                                    : (num_examples + world_size - 1) / world_size;
+  const int64_t num_samples = (drop_last && ragged)
+                                  ? num_examples / world_size
+                                  : mantissa::detail::ceil_div(num_examples, world_size);
   const int64_t total_size = num_samples * world_size;
 
   std::vector<int64_t> order(static_cast<size_t>(num_examples));

@@ -13,7 +13,7 @@ namespace mantissa::nn {
 namespace {
 
 // Up to this length on both sides the math path beats ATen's flash kernel in bfloat16 on the
-// CPU (BENCHMARKS.md: 1.6-2.2x at 64, 1.3-1.6x at 128, 0.7-0.9x at 192).
+// CPU; longer, the kernel wins (the figures are in BENCHMARKS.md).
 constexpr std::int64_t kMathAttentionMaxLength = 128;
 
 // The dtype at::scaled_dot_product_attention computes in: it is on CPU autocast's

@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "checked_math.h"
+
 namespace mantissa::nn {
 namespace {
 
@@ -32,12 +34,12 @@ Dtypes dtypes_of(const at::Tensor& hidden) {
 
 // Liger's chunk (about as many logits as `hidden` has elements), but at least the rows whose
 // float32 logits fill 128 MiB: every chunk adds a rank-`rows` product into the whole of
-// grad_weight, and with Liger's 32 rows at vocab 50257 x 768 those passes over the 147 MiB of
-// grad_weight made a CPU step 2.7x slower than the unfused pair (512 rows: faster than it).
+// grad_weight, and with Liger's few rows at a GPT-2-sized vocabulary those passes over
+// grad_weight make a CPU step slower than the unfused pair (BENCHMARKS.md, memory tools).
 // A power of two either way.
 int64_t auto_chunk_size(int64_t rows, int64_t vocab, int64_t in_features) {
-  const int64_t factor = std::max<int64_t>(1, (vocab + in_features - 1) / in_features);
-  const int64_t liger = std::max<int64_t>(1, (rows + factor - 1) / factor);
+  const int64_t factor = std::max<int64_t>(1, mantissa::detail::ceil_div(vocab, in_features));
+  const int64_t liger = std::max<int64_t>(1, mantissa::detail::ceil_div(rows, factor));
   int64_t size = 1;
   while (size < liger) size *= 2;
   constexpr int64_t kLogitsBytes = int64_t{128} << 20;

@@ -1,5 +1,6 @@
 #include "trainer/collectives.h"
 
+#include "checked_math.h"
 #include "io/json_reader.h"
 #include "trainer/resume_check.h"
 
@@ -223,7 +224,7 @@ torch::Tensor Collectives::gather_rows(const torch::Tensor& rows, std::int64_t n
                                        double padding_value) const {
   return guarded("gathering the evaluation results", [&] {
     const auto world = world_size();
-    const auto most_rows = (num_examples + world - 1) / world;  // rank 0's share
+    const auto most_rows = ceil_div(num_examples, world);  // rank 0's share
     TORCH_CHECK(rows.dim() >= 1 && rows.size(0) <= most_rows, "gather_rows: rank ", rank(),
                 " holds ", rows.size(0), " rows, more than the ", most_rows, " of rank 0");
     // Every rank pads to the same shape: rank 0's row count, the widest dimension 1.

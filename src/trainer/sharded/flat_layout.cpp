@@ -5,6 +5,8 @@
 #include <c10/core/ScalarTypeToTypeMeta.h>
 #include <c10/util/Exception.h>
 
+#include "checked_math.h"
+
 namespace mantissa::detail::sharded {
 
 std::optional<ShardPiece> FlatBucket::piece(const FlatSlot& slot, std::int64_t rank) const {
@@ -66,7 +68,7 @@ FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t w
 
   const auto close = [&](FlatBucket& bucket) {
     const std::int64_t unit = world_size * shard_alignment(bucket.dtype);
-    bucket.padded_numel = (bucket.numel + unit - 1) / unit * unit;
+    bucket.padded_numel = ceil_div(bucket.numel, unit) * unit;
     bucket.shard_numel = bucket.padded_numel / world_size;
   };
   for (std::size_t k = params.size(); k-- > 0;) {
