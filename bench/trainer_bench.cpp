@@ -203,7 +203,7 @@ std::int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, bool mast
       if (masters) total += 2 * bytes_of(param);
       const auto found = optimizer.state().find(param.unsafeGetTensorImpl());
       if (found == optimizer.state().end()) continue;
-      for (const auto& entry : kind.tensors(*found->second)) total += bytes_of(entry.value);
+      for (const auto& entry : kind.state_tensors(*found->second)) total += bytes_of(entry.value);
       if (const auto* fused =
               dynamic_cast<const mantissa::optim::FusedAdamWParamState*>(found->second.get())) {
         total += bytes_of(fused->step());

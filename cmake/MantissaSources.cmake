@@ -15,6 +15,7 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/amp/master_weights.h
   include/mantissa/optim/low_precision_update.h
   include/mantissa/optim/fused_adamw.h
+  include/mantissa/optim/optimizer_registry.h
   include/mantissa/io/safetensors.h
   include/mantissa/lr_scheduler_kwargs.h
   include/mantissa/gradient_checkpointing_kwargs.h
@@ -61,6 +62,14 @@ set(MANTISSA_CXX_SOURCES
   src/amp/grad_scaler.cpp
   src/amp/master_weights.cpp
   src/optim/fused_adamw.cpp
+  src/optim/registry/optimizer_registry.cpp
+  src/optim/registry/adamw_torch_spec.cpp
+  src/optim/registry/fused_adamw_spec.cpp
+  src/optim/registry/sgd_spec.cpp
+  src/optim/registry/adam_torch_spec.cpp
+  src/optim/registry/adagrad_spec.cpp
+  src/optim/registry/rmsprop_spec.cpp
+  src/optim/registry/lbfgs_spec.cpp
   src/io/atomic_file.cpp
   src/io/safetensors.cpp
   src/io/filesystem.cpp

@@ -47,7 +47,7 @@ TEST(OptimizerFamilyTest, RefusesSgdStateForAdamW) {
   EXPECT_THAT(family_error(adamw, archive),
               AllOf(HasSubstr("optimizer.pt holds the state of an SGD optimizer (options "
                               "dampening, lr, momentum, nesterov, weight_decay)"),
-                    HasSubstr("but this run's optimizer is AdamW (options amsgrad, betas, eps")));
+                    HasSubstr("but this run's optimizer is torch::optim::AdamW (options amsgrad, betas, eps")));
 }
 
 TEST(OptimizerFamilyTest, RefusesAdamWStateForSgd) {
@@ -56,7 +56,7 @@ TEST(OptimizerFamilyTest, RefusesAdamWStateForSgd) {
   auto archive = saved_state(adamw, model);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THAT(family_error(sgd, archive), AllOf(HasSubstr("the state of an Adam/AdamW optimizer"),
-                                                HasSubstr("this run's optimizer is SGD")));
+                                                HasSubstr("this run's optimizer is torch::optim::SGD")));
 }
 
 TEST(OptimizerFamilyTest, AcceptsAdamWStateForFusedAdamWAndLoadsIt) {

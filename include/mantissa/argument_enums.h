@@ -10,19 +10,15 @@
 
 namespace mantissa {
 
-/// `--optim`. Python: `OptimizerNames` (the members mantissa implements).
+/// `--optim`'s built-in names. Python: `OptimizerNames` (the members mantissa implements). The
+/// valid names are those of the optimizer registry (include/mantissa/optim/optimizer_registry.h),
+/// which starts with these four and takes more at run time.
 enum class OptimizerNames {
   kAdamWTorch,          ///< "adamw_torch": torch::optim::AdamW
   kAdamWTorchFused,     ///< "adamw_torch_fused": mantissa's FusedAdamW (as HF's fused AdamW)
   kAdamWMantissaFused,  ///< "adamw_mantissa_fused": the same FusedAdamW, by its own name
   kSgd,                 ///< "sgd": torch::optim::SGD
 };
-
-/// Whether `optim` is one of the two names of mantissa's FusedAdamW (the optimizer with
-/// compensated low-precision updates and a capturable step).
-constexpr bool is_fused_adamw(OptimizerNames optim) {
-  return optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused;
-}
 
 /// `--lr_scheduler_type`. Python: `SchedulerType` (the members mantissa implements, in HF's
 /// order). Each schedule's own arguments come in `--lr_scheduler_kwargs`

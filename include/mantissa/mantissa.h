@@ -35,6 +35,7 @@
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
+#include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/precision_plan.h>
 #include <mantissa/seed.h>
 #include <mantissa/tensorboard_callback.h>

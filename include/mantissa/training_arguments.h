@@ -47,9 +47,9 @@
     "Micro-batches whose gradients are summed before one optimizer step.")                         \
   /* ---- optimizer -------------------------------------------------------------------- */        \
   X(Choice<OptimizerNames>, optim, OptimizerNames::kAdamWTorchFused,                               \
-    "Optimizer. adamw_torch_fused and adamw_mantissa_fused both select mantissa's FusedAdamW, "    \
-    "which unscales, checks for inf/nan, steps and casts masters back in one pass without a "      \
-    "host sync.")                                                                                  \
+    "Optimizer, by its name in the optimizer registry. adamw_torch_fused and "                     \
+    "adamw_mantissa_fused both select mantissa's FusedAdamW, which unscales, checks for "          \
+    "inf/nan, steps and casts masters back in one pass without a host sync.")                      \
   X(double, learning_rate, 5e-5, "Peak learning rate, reached after warmup.")                      \
   X(double, weight_decay, 0.0,                                                                     \
     "Decoupled weight decay of AdamW (or SGD's L2 term), applied to tensors of 2 or more "         \
@@ -271,7 +271,9 @@ namespace mantissa {
 /// `Choice` of an enum of include/mantissa/argument_enums.h: set them by enum or by spelling
 /// (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare them with the enum
 /// (`args.optim() == OptimizerNames::kSgd`; a string comparison does not compile), and read the
-/// enum with `.value()` (`args.optim().value()`).
+/// enum with `.value()` (`args.optim().value()`). `optim` also takes the name of an optimizer a
+/// program registered (include/mantissa/optim/optimizer_registry.h), set by spelling and read
+/// with `.name()`; `.value()` throws for such a name.
 /// `lr_scheduler_kwargs` holds the schedule's own arguments, an `LrSchedulerKwargs` (names to
 /// integers, floats and strings; include/mantissa/lr_scheduler_kwargs.h):
 /// `.lr_scheduler_kwargs({{"num_cycles", 3}})`; on the command line a JSON object.

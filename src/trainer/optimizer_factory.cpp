@@ -3,55 +3,23 @@
 #include <utility>
 
 #include <c10/util/Exception.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+
+#include <mantissa/optim/optimizer_registry.h>
 
 namespace mantissa::detail {
 namespace {
 
-// One optimizer of type `Optim` over `groups`: each group gets a copy of `options`, with
-// `weight_decay` only in group 0 when it is the decaying one. The optimizer's own defaults
-// are the learning rate alone, as torch::optim's constructors take them.
-template <typename Optim, typename Options>
-std::unique_ptr<Optim> build(std::vector<torch::optim::OptimizerParamGroup> groups,
-                             bool first_group_decays, const Options& options) {
-  const double decay = options.weight_decay();
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    auto group_options = std::make_unique<Options>(options);
-    group_options->weight_decay(i == 0 && first_group_decays ? decay : 0.0);
-    groups[i].set_options(std::move(group_options));
-  }
-  return std::make_unique<Optim>(std::move(groups), Options(options.lr()));
-}
-
+// The registry's entry `args.optim` names (validate() checked that it exists).
 std::unique_ptr<torch::optim::Optimizer> build_named(
     const TrainingArguments& args, std::vector<torch::optim::OptimizerParamGroup> groups,
     bool first_group_decays, amp::MasterWeights* masters,
     optim::LowPrecisionUpdate low_precision_update) {
-  const double lr = args.learning_rate();
-  const auto betas = std::make_tuple(args.adam_beta1(), args.adam_beta2());
-  switch (args.optim().value()) {
-    case OptimizerNames::kAdamWTorch:
-      return build<torch::optim::AdamW>(std::move(groups), first_group_decays,
-                                        torch::optim::AdamWOptions(lr)
-                                            .betas(betas)
-                                            .eps(args.adam_epsilon())
-                                            .weight_decay(args.weight_decay()));
-    case OptimizerNames::kAdamWTorchFused:
-    case OptimizerNames::kAdamWMantissaFused: {
-      auto fused = build<optim::FusedAdamW>(std::move(groups), first_group_decays,
-                                            fused_adamw_options(args, low_precision_update));
-      // The fused step writes the updated fp32 masters back into the bf16/fp16 model itself.
-      if (masters != nullptr && masters->has_low_precision()) fused->link_model_params(*masters);
-      return fused;
-    }
-    case OptimizerNames::kSgd:
-      return build<torch::optim::SGD>(
-          std::move(groups), first_group_decays,
-          torch::optim::SGDOptions(lr).weight_decay(args.weight_decay()));
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerNames ", args.optim());
-  return nullptr;
+  const auto* spec = optim::find_optimizer(args.optim().name());
+  TORCH_CHECK_VALUE(spec != nullptr, "optim: ", args.optim().name(),
+                    " is not a valid OptimizerNames, please select one of ",
+                    optim::optimizer_names_text());
+  return spec->build(optim::OptimizerBuildInputs{args, std::move(groups), first_group_decays,
+                                                 masters, low_precision_update});
 }
 
 }  // namespace

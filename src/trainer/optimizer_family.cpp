@@ -4,45 +4,27 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include <c10/util/Exception.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/lbfgs.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
+#include <c10/util/Type.h>
 #include <torch/serialize/output-archive.h>
 
-#include <mantissa/optim/fused_adamw.h>
+#include <mantissa/optim/optimizer_registry.h>
 
 namespace mantissa::detail {
 namespace {
 
-struct Family {
-  const char* name;
-  std::vector<std::string> marks;  // option names only this family's options have
-};
-
-const std::vector<Family>& families() {
-  static const std::vector<Family> known = {
-      {"SGD", {"momentum", "dampening", "nesterov"}},
-      {"Adam/AdamW", {"betas", "eps", "amsgrad"}},
-      {"RMSprop", {"alpha", "centered"}},
-      {"Adagrad", {"lr_decay", "initial_accumulator_value"}},
-      {"LBFGS", {"max_iter", "history_size"}},
-  };
-  return known;
-}
-
-// The family whose marks are all among `keys`, or nullopt.
+// The family whose marks (in the optimizer registry) are all among `keys`, or nullopt.
 std::optional<std::string> family_of(const std::vector<std::string>& keys) {
-  for (const auto& family : families()) {
-    if (std::all_of(family.marks.begin(), family.marks.end(), [&](const std::string& mark) {
-          return std::find(keys.begin(), keys.end(), mark) != keys.end();
-        })) {
-      return family.name;
+  for (const auto& spec : optim::registered_optimizers()) {
+    if (spec.family_marks.empty()) continue;
+    if (std::all_of(spec.family_marks.begin(), spec.family_marks.end(),
+                    [&](const std::string& mark) {
+                      return std::find(keys.begin(), keys.end(), mark) != keys.end();
+                    })) {
+      return spec.family;
     }
   }
   return std::nullopt;
@@ -76,17 +58,6 @@ std::vector<std::string> live_option_names(torch::optim::Optimizer& optimizer) {
   return keys;
 }
 
-std::string class_name(torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<optim::FusedAdamW*>(&optimizer)) return "FusedAdamW";
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return "AdamW";
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return "Adam";
-  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return "SGD";
-  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer)) return "RMSprop";
-  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer)) return "Adagrad";
-  if (dynamic_cast<torch::optim::LBFGS*>(&optimizer)) return "LBFGS";
-  return "a custom optimizer";
-}
-
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
@@ -106,7 +77,7 @@ void check_optimizer_family(torch::optim::Optimizer& optimizer,
   TORCH_CHECK_VALUE(false, "optimizer.pt holds the state of ",
                     saved_family ? "an " + *saved_family + " optimizer" : "an unknown optimizer",
                     " (options ", joined(*saved), "), but this run's optimizer is ",
-                    class_name(optimizer), " (options ", joined(live),
+                    c10::demangle(typeid(optimizer).name()), " (options ", joined(live),
                     "); resume with the optimizer that saved it (--optim)");
 }
 

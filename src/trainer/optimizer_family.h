@@ -11,8 +11,9 @@ namespace mantissa::detail {
 
 /// Throws a c10::ValueError naming both optimizers and their option names when the parameter
 /// group options saved in `archive` (an optimizer.pt loaded with io::load_torch_archive) belong
-/// to another family than `optimizer`'s: SGD, Adam/AdamW (FusedAdamW included: it reads
-/// AdamW's state), RMSprop, Adagrad, LBFGS. An archive without parameter groups passes (the
+/// to another family than `optimizer`'s, the families being those of the optimizer registry
+/// (built in: SGD, Adam/AdamW with FusedAdamW, which reads AdamW's state, RMSprop, Adagrad,
+/// LBFGS). An archive without parameter groups passes (the
 /// load itself then decides). Python's `optimizer.load_state_dict` has no such check; it fails
 /// on the first missing key. No device sync.
 void check_optimizer_family(torch::optim::Optimizer& optimizer,

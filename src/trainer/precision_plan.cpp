@@ -5,6 +5,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <mantissa/optim/optimizer_registry.h>
+
 namespace mantissa {
 
 std::string PrecisionPlan::describe() const {
@@ -57,8 +59,9 @@ namespace detail {
 optim::LowPrecisionUpdate low_precision_update_rule(const TrainingArguments& args) {
   switch (args.low_precision_update().value()) {
     case LowPrecisionUpdateMode::kAuto:
-      return is_fused_adamw(args.optim().value()) ? optim::LowPrecisionUpdate::kKahan
-                                                  : optim::LowPrecisionUpdate::kNearest;
+      return optim::find_optimizer(args.optim().name())->low_precision_rules
+                 ? optim::LowPrecisionUpdate::kKahan
+                 : optim::LowPrecisionUpdate::kNearest;
     case LowPrecisionUpdateMode::kNearest:
       return optim::LowPrecisionUpdate::kNearest;
     case LowPrecisionUpdateMode::kKahan:

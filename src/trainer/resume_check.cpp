@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <mantissa/optim/optimizer_registry.h>
+
 #include "checked_math.h"
 #include "io/json_reader.h"
 
@@ -52,6 +54,14 @@ constexpr std::string_view kUnreportedFields[] = {"output_dir",
 std::optional<std::int64_t> global_batch(const TrainingArguments& args, std::int64_t processes) {
   const auto per_step = checked_mul(args.per_device_train_batch_size(), processes);
   return per_step ? checked_mul(*per_step, args.gradient_accumulation_steps()) : std::nullopt;
+}
+
+// The optimizer.pt family of the optimizer `args.optim` names; a name no entry has (registered
+// by the program that saved, not by this one) is a family of its own.
+std::string optimizer_family(const TrainingArguments& args) {
+  const auto* spec = optim::find_optimizer(args.optim().name());
+  return spec != nullptr ? spec->family
+                         : "unregistered optimizer " + std::string(args.optim().name());
 }
 
 std::string shown(const std::optional<std::int64_t>& value) {
@@ -120,8 +130,7 @@ ArgumentChanges compare_resumed_arguments(const TrainingArguments& now,
     const std::string change = fmt::format("{} is {} now but was {} when the checkpoint was saved",
                                            key, io::describe_json(value), io::describe_json(*it));
     const bool optimizer_family_changes =
-        key == "optim" &&
-        (now.optim() == OptimizerNames::kSgd) != (saved.optim() == OptimizerNames::kSgd);
+        key == "optim" && optimizer_family(now) != optimizer_family(saved);
     if (among(kBatchFields, key)) {
       if (same_global_batch) {
         changes.batch_regrouped = true;

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include <mantissa/argument_parser.h>
+#include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/training_arguments.h>
 
 #include "shorten.h"
@@ -172,6 +173,17 @@ template <>
 struct CliType<Choice<ReportTo>> : CliType<std::string> {};
 template <>
 struct CliType<Choice<DdpCommHook>> : CliType<std::string> {};
+// optim lists the optimizer registry's names: the built-ins and what the program registered.
+template <>
+struct CliType<Choice<OptimizerNames>> {
+  static std::string name() {
+    std::string text = "{";
+    for (const auto& optimizer : optim::optimizer_names()) {
+      text += (text.size() > 1 ? "," : "") + optimizer;
+    }
+    return text + "}";
+  }
+};
 template <class T>
 struct CliType<std::optional<T>> : CliType<T> {};
 

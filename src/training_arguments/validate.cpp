@@ -8,6 +8,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/training_arguments.h>
 
 #include "checked_math.h"
@@ -45,6 +46,14 @@ void check_choice(const char* field, const Choice<E>& v) {
 // checks (it may be a list), ddp_comm_hook with the distributed ones.
 void check_choice(const char* /*field*/, const Choice<ReportTo>& /*v*/) {}
 void check_choice(const char* /*field*/, const Choice<DdpCommHook>& /*v*/) {}
+
+// optim names an entry of the optimizer registry: the OptimizerNames spellings and what a
+// program registered.
+void check_choice(const char* field, const Choice<OptimizerNames>& v) {
+  TORCH_CHECK_VALUE(optim::find_optimizer(v.name()) != nullptr, field, ": ", v.name(),
+                    " is not a valid ", ChoiceTraits<OptimizerNames>::enum_name,
+                    ", please select one of ", optim::optimizer_names_text());
+}
 
 // The run's counts (examples per optimizer step, optimizer steps, epochs, examples drawn) are
 // int64 in the Trainer and its state. Those that follow from the arguments alone are checked
@@ -154,9 +163,9 @@ void check_choice_fields(const TrainingArguments& args) {
 #define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, args.name());
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
-  const bool fused_optimizer = is_fused_adamw(args.optim().value());  // valid: checked above
+  const bool update_rules = optim::find_optimizer(args.optim().name())->low_precision_rules;
   const auto& update = args.low_precision_update();
-  TORCH_CHECK_VALUE(fused_optimizer || update == LowPrecisionUpdateMode::kAuto ||
+  TORCH_CHECK_VALUE(update_rules || update == LowPrecisionUpdateMode::kAuto ||
                         update == LowPrecisionUpdateMode::kNearest,
                     "low_precision_update ", update,
                     " is a rule of mantissa's FusedAdamW, but optim is ", args.optim(),
@@ -390,9 +399,8 @@ void check_distributed(const TrainingArguments& args) {
 // Sharding (fsdp): the options, and what a sharded run cannot combine with.
 void check_fsdp(const TrainingArguments& args) {
   if (!detail::read_fsdp_settings(args.fsdp(), args.fsdp_config()).shard_grad_op) return;
-  const auto optim = args.optim().value();
   TORCH_CHECK_VALUE(
-      optim == OptimizerNames::kAdamWTorchFused || optim == OptimizerNames::kAdamWMantissaFused,
+      optim::find_optimizer(args.optim().name())->shardable,
       "fsdp shard_grad_op shards mantissa's FusedAdamW; optim ", detail::repr(args.optim()),
       " cannot be sharded: use adamw_torch_fused (the default)");
   TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(),

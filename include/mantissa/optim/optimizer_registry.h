@@ -1,0 +1,129 @@
+#pragma once
+// The optimizers the Trainer knows, one `OptimizerSpec` each: how `--optim NAME` builds it from
+// TrainingArguments and HF's weight-decay groups, which state tensors a checkpoint saves and
+// checks for it, and what it supports (the low-precision update rules, sharding). The built-in
+// entries live one per file in src/optim/registry/; a program adds its own with
+// `register_optimizer` before it builds its TrainingArguments' Trainer.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <typeindex>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include <mantissa/amp/master_weights.h>
+#include <mantissa/optim/low_precision_update.h>
+#include <mantissa/training_arguments.h>
+
+namespace mantissa::optim {
+
+/// One state tensor of a parameter, by its key in optimizer.pt (`exp_avg`, ...). It may be
+/// undefined (`max_exp_avg_sq` without amsgrad).
+struct StateTensor {
+  const char* name;
+  at::Tensor value;
+  /// A running sum or mean of squares (`exp_avg_sq`, `square_avg`, Adagrad's `sum`), which no
+  /// run makes negative: the update takes its square root.
+  bool non_negative = false;
+};
+
+/// The state tensors of one parameter.
+using StateTensors = std::vector<StateTensor>;
+
+/// One hyperparameter of a parameter group (`lr`, `betas[0]`, `eps`, ...) and the values its
+/// optimizer's constructor accepts: every one must be finite.
+struct GroupOption {
+  const char* name;
+  double value;
+  bool non_negative = true;  ///< >= 0 (SGD's `dampening` is the only one that may be negative)
+  bool below_one = false;    ///< < 1 (the Adam betas)
+};
+
+/// What an entry's `build` gets. Python: what `Trainer.get_optimizer_cls_and_kwargs` and
+/// `create_optimizer` hand the optimizer class.
+struct OptimizerBuildInputs {
+  /// The run's arguments (`learning_rate`, `adam_beta1`, `weight_decay`, `seed`, ...).
+  const TrainingArguments& args;
+  /// HF's weight-decay groups, options not set yet: group 0 decays when `first_group_decays`,
+  /// the other holds the 1-d tensors. They are the fp32 masters when there are masters.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  bool first_group_decays = false;
+  /// The fp32 masters of a low-precision model, or null.
+  amp::MasterWeights* masters = nullptr;
+  /// How bf16/fp16 tensors updated without masters are written (see `low_precision_rules`).
+  LowPrecisionUpdate low_precision_update = LowPrecisionUpdate::kNearest;
+};
+
+/// One optimizer the Trainer can build, save and check. Plain data; `register_optimizer` adds
+/// one.
+struct OptimizerSpec {
+  /// The `--optim` spelling (HF's `OptimizerNames` value where HF has one). Empty for a class
+  /// reached only through `Trainer::set_optimizer_factory`, whose checkpoints are still checked.
+  std::string name;
+  /// The exact class `build` makes: checkpoints of an optimizer of this class use this entry.
+  std::type_index type = typeid(void);
+  /// The family whose optimizer.pt files load into one another (`Adam/AdamW`), for errors.
+  std::string family;
+  /// Option names that only this family's saved group options have (`betas`, `eps`,
+  /// `amsgrad`), by which an optimizer.pt's family is recognised before it is loaded.
+  std::vector<std::string> family_marks;
+  /// Builds the optimizer over `inputs.groups`. Required when `name` is set. No device sync.
+  std::function<std::unique_ptr<torch::optim::Optimizer>(OptimizerBuildInputs inputs)> build;
+  /// The state tensors of a parameter's state, under their optimizer.pt keys; empty when the
+  /// state has another class. Null: checkpoints cannot hold this optimizer.
+  std::function<StateTensors(const torch::optim::OptimizerParamState&)> state_tensors;
+  /// The steps a parameter's state has taken, or nullopt where it counts none (SGD). May sync
+  /// (a step held in a tensor).
+  std::function<std::optional<double>(const torch::optim::OptimizerParamState&)> steps;
+  /// A parameter group's hyperparameters, by their optimizer.pt names, to be checked on load.
+  std::function<std::vector<GroupOption>(const torch::optim::OptimizerOptions&)> group_options;
+  /// Applies `low_precision_update` kahan and stochastic_rounding to the bf16/fp16 tensors it
+  /// updates without masters; `--low_precision_update auto` then picks kahan.
+  bool low_precision_rules = false;
+  /// `--fsdp shard_grad_op` can shard its state (mantissa's FusedAdamW).
+  bool shardable = false;
+};
+
+/// Adds `spec`. Throws `c10::ValueError` for a `name` already taken, one with a comma or a
+/// space, a named entry without `build`, or a `type` left as `void`. Call it before building
+/// the TrainingArguments' Trainer; entries stay for the life of the process. Thread-safe.
+void register_optimizer(OptimizerSpec spec);
+
+/// The entry `--optim name` selects, or null. Thread-safe.
+const OptimizerSpec* find_optimizer(std::string_view name);
+
+/// The entry of `optimizer`'s exact class (a subclass has none of its own), or null.
+const OptimizerSpec* find_optimizer_of(const torch::optim::Optimizer& optimizer);
+
+/// Every `--optim` spelling, in registration order (the built-ins first).
+std::vector<std::string> optimizer_names();
+
+/// `optimizer_names()` as a Python list: "['adamw_torch', 'sgd']".
+std::string optimizer_names_text();
+
+/// Every entry, named or not, in registration order (copies).
+std::vector<OptimizerSpec> registered_optimizers();
+
+/// An `Optim` over `inputs.groups` whose groups each take a copy of `options`, with its
+/// `weight_decay` in the decaying group only, as HF's `create_optimizer` does. What most
+/// entries' `build` is. No device sync.
+template <typename Optim, typename Options>
+std::unique_ptr<Optim> build_in_decay_groups(OptimizerBuildInputs& inputs, const Options& options) {
+  auto& groups = inputs.groups;
+  const double decay = options.weight_decay();
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    auto group_options = std::make_unique<Options>(options);
+    group_options->weight_decay(i == 0 && inputs.first_group_decays ? decay : 0.0);
+    groups[i].set_options(std::move(group_options));
+  }
+  return std::make_unique<Optim>(std::move(groups), Options(options.lr()));
+}
+
+}  // namespace mantissa::optim
