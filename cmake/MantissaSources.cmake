@@ -62,6 +62,9 @@ set(MANTISSA_CXX_SOURCES
   src/amp/grad_scaler.cpp
   src/amp/master_weights.cpp
   src/optim/fused_adamw.cpp
+  src/optim/fused_adamw_serialize.cpp
+  src/optim/fused_adamw_step.cpp
+  src/optim/fused_adamw_dispatch.cpp
   src/io/atomic_file.cpp
   src/io/safetensors.cpp
   src/io/filesystem.cpp
