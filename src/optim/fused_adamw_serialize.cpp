@@ -44,7 +44,8 @@ void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
   amsgrad(read("amsgrad").toBool());
   c10::IValue value;
   maximize(archive.try_read("maximize", value) ? value.toBool() : false);  // absent in AdamW's
-  // Absent in AdamW's archives and in ours before these options: today's nearest rounding.
+  // Keys AdamW's archives lack (and ours written before an option existed) read as the option's
+  // default.
   low_precision_update(archive.try_read("low_precision_update", value)
                            ? parse_low_precision_update(value.toStringRef())
                            : LowPrecisionUpdate::kNearest);
