@@ -52,6 +52,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/cli.cpp
   src/training_arguments/json.cpp
   src/training_arguments/lr_scheduler_kwargs_json.cpp
+  src/training_arguments/lr_scheduler_kwargs_schema.cpp
   src/training_arguments/gradient_checkpointing_kwargs_json.cpp
   src/training_arguments/fsdp_checks.cpp
   src/training_arguments/reporting_checks.cpp
@@ -62,6 +63,9 @@ set(MANTISSA_CXX_SOURCES
   src/amp/grad_scaler.cpp
   src/amp/master_weights.cpp
   src/optim/fused_adamw.cpp
+  src/optim/fused_adamw_serialize.cpp
+  src/optim/fused_adamw_step.cpp
+  src/optim/fused_adamw_dispatch.cpp
   src/optim/registry/optimizer_registry.cpp
   src/optim/registry/adamw_torch_spec.cpp
   src/optim/registry/fused_adamw_spec.cpp
@@ -81,7 +85,8 @@ set(MANTISSA_CXX_SOURCES
   src/io/tfrecord.cpp
   src/io/tensorboard_event.cpp
   src/io/event_file.cpp
-  src/lr_scheduler.cpp
+  src/lr_scheduler/schedules.cpp
+  src/lr_scheduler/lambda_lr.cpp
   src/clip_grad.cpp
   src/nn/multihead_attention.cpp
   src/nn/checkpoint.cpp

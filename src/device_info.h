@@ -41,8 +41,8 @@ int cuda_compute_capability_major();
 bool has_native_bf16_flag(const std::vector<std::pair<std::string, bool>>& capability_flags);
 
 /// The clause the run's first line adds when the run computes in bf16 on a CPU without native
-/// bf16 (empty otherwise): bf16 then runs emulated, several times slower than fp32 (about 10x
-/// on AMD Zen 3; BENCHMARKS.md). Pure.
+/// bf16 (empty otherwise): bf16 then runs emulated, several times slower than fp32 (BENCHMARKS.md,
+/// "Pointers from the code"). Pure.
 std::string emulated_bf16_note(bool on_cpu, c10::ScalarType compute_dtype, bool cpu_native_bf16);
 
 /// Raises c10::ValueError (HF's wording) when `args` asks for a precision that the machine

@@ -67,7 +67,7 @@ int run_rank(bool die_after_init, int timeout_s, bool nccl) {
     }
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
   }
-  auto group = dist::init_process_group(env, nccl ? dist::Backend::nccl : dist::Backend::gloo,
+  auto group = dist::init_process_group(env, nccl ? dist::Backend::kNccl : dist::Backend::kGloo,
                                         std::chrono::seconds(timeout_s));
   std::cout << "rank " << env.rank << " of " << env.world_size << " joined (agent store "
             << (env.use_agent_store ? "yes" : "no") << ", " << (nccl ? "nccl" : "gloo") << ")"

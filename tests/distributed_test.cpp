@@ -146,8 +146,8 @@ TEST(DistributedEnvironmentTest, FromEnvReadsTheProcessEnvironment) {
 }
 
 TEST(DistributedEnvironmentTest, BackendNames) {
-  EXPECT_STREQ(mantissa::distributed::backend_name(Backend::gloo), "gloo");
-  EXPECT_STREQ(mantissa::distributed::backend_name(Backend::nccl), "nccl");
+  EXPECT_STREQ(mantissa::distributed::backend_name(Backend::kGloo), "gloo");
+  EXPECT_STREQ(mantissa::distributed::backend_name(Backend::kNccl), "nccl");
 }
 
 TEST(DistributedSamplerTest, MatchesPyTorchsDistributedSampler) {
@@ -222,7 +222,7 @@ TEST(ProcessGroupTest, LoneProcessGetsAGroupOfOne) {
   // No MASTER_ADDR: an in-process store, and Gloo's collectives work on one rank.
   const auto env = parse({});
   auto group =
-      mantissa::distributed::init_process_group(env, Backend::gloo, std::chrono::seconds(30));
+      mantissa::distributed::init_process_group(env, Backend::kGloo, std::chrono::seconds(30));
   EXPECT_EQ(group->getRank(), 0);
   EXPECT_EQ(group->getSize(), 1);
   EXPECT_EQ(group->getBackendName(), "gloo");
@@ -233,7 +233,7 @@ TEST(ProcessGroupTest, LoneProcessGetsAGroupOfOne) {
 
 TEST(ProcessGroupTest, RejectsANonPositiveTimeout) {
   try {
-    mantissa::distributed::init_process_group(parse({}), Backend::gloo,
+    mantissa::distributed::init_process_group(parse({}), Backend::kGloo,
                                               std::chrono::milliseconds(0));
     FAIL() << "no error";
   } catch (const c10::ValueError& e) {

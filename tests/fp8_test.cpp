@@ -283,7 +283,7 @@ TEST(Float8ScalingStateTest, AllReduceOverGlooGivesEveryRankTheSameScales) {
       env.master_port = port;
       env.gloo_socket_ifname = "lo";
       const auto group = mantissa::distributed::init_process_group(
-          env, mantissa::distributed::Backend::gloo, std::chrono::seconds(60));
+          env, mantissa::distributed::Backend::kGloo, std::chrono::seconds(60));
       Float8ScalingState state(Float8Recipe().amax_history_len(2));
       state.add_layer("a");
       state.add_layer("b");

@@ -246,8 +246,11 @@ TEST(FusedAdamWLowPrecisionTest, OptionDefaultsNamesAndErrors) {
   }
   EXPECT_STREQ(mantissa::optim::to_string(LowPrecisionUpdate::kStochasticRounding),
                "stochastic_rounding");
+  EXPECT_EQ(mantissa::Choice<LowPrecisionUpdate>("stochastic_rounding").value(),
+            LowPrecisionUpdate::kStochasticRounding);
   EXPECT_THAT([] { mantissa::optim::parse_low_precision_update("sr"); },
-              ThrowsMessage<c10::ValueError>(HasSubstr("got 'sr'")));
+              ThrowsMessage<c10::ValueError>(HasSubstr(
+                  "low_precision_update must be nearest, kahan or stochastic_rounding; got 'sr'")));
   EXPECT_FALSE(FusedAdamWOptions().low_precision_update(LowPrecisionUpdate::kKahan) == defaults);
 }
 

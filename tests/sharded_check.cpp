@@ -355,7 +355,7 @@ std::size_t net_index(Net& net, const torch::Tensor& p) {
 int compare_run(const std::string& scenario, Report& report) {
   const auto mode = mode_of(scenario);
   const auto env = dist::DistributedEnvironment::from_env();
-  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(60));
+  auto group = dist::init_process_group(env, dist::Backend::kGloo, std::chrono::seconds(60));
   Sharded run(mode, env, group);
   SingleProcess ref(mode);
   const std::int64_t steps = 5;
@@ -559,7 +559,7 @@ void load_single(SingleProcess& single, const std::string& dir) {
 int reshard_run(const std::string& scenario, int phase, const std::string& dir, Report& report) {
   const auto mode = mode_of(scenario);
   const auto env = dist::DistributedEnvironment::from_env();
-  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(60));
+  auto group = dist::init_process_group(env, dist::Backend::kGloo, std::chrono::seconds(60));
   const std::int64_t save_at = 3, steps = 6;
   const auto none = std::function<torch::Tensor(torch::Tensor)>();
   if (phase == 0) {  // train, save at step 3, go on to step 6
@@ -766,7 +766,7 @@ int check_layout() {
 // Rank 1 dies after its first step; rank 0, in its next collective, must fail, not hang.
 int killed_rank(Report& report) {
   const auto env = dist::DistributedEnvironment::from_env();
-  auto group = dist::init_process_group(env, dist::Backend::gloo, std::chrono::seconds(30));
+  auto group = dist::init_process_group(env, dist::Backend::kGloo, std::chrono::seconds(30));
   Sharded run(mode_of("fp32"), env, group);
   const auto none = std::function<torch::Tensor(torch::Tensor)>();
   run.step(0, none);

@@ -489,12 +489,12 @@ TEST(TrainingArgumentsTest, DistributedFieldsAreCheckedAndResolved) {
 
   const TrainingArguments defaults;
   using mantissa::distributed::Backend;
-  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCPU)), Backend::gloo);
-  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCUDA, 1)), Backend::nccl);
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCPU)), Backend::kGloo);
+  EXPECT_EQ(defaults.resolved_ddp_backend(c10::Device(c10::kCUDA, 1)), Backend::kNccl);
   EXPECT_EQ(TrainingArguments().ddp_backend("gloo").resolved_ddp_backend(c10::Device(c10::kCUDA)),
-            Backend::gloo);
+            Backend::kGloo);
   EXPECT_EQ(TrainingArguments().ddp_backend("nccl").resolved_ddp_backend(c10::Device(c10::kCPU)),
-            Backend::nccl)
+            Backend::kNccl)
       << "a backend that is set is taken as it is; the Trainer refuses nccl on the CPU";
   EXPECT_THAT([] { (void)TrainingArguments().ddp_backend("mpi").resolved_ddp_backend(c10::kCPU); },
               ::testing::ThrowsMessage<c10::ValueError>(

@@ -69,7 +69,7 @@ struct DistributedEnvironment {
 /// the address this host's name resolves to. NCCL needs the caller to select the process's CUDA
 /// device (`cuda:<local_rank>`) first.
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(
-    const DistributedEnvironment& env, Backend backend = Backend::gloo,
+    const DistributedEnvironment& env, Backend backend = Backend::kGloo,
     std::chrono::milliseconds timeout = std::chrono::seconds(1800));
 
 /// The example indices rank `rank` of `world_size` visits in epoch `epoch`, exactly those of

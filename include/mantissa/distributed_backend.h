@@ -6,11 +6,11 @@
 
 namespace mantissa::distributed {
 
-/// The collective backends c10d offers here. Python: `torch.distributed.Backend`'s members of
-/// the same names.
+/// The collective backends c10d offers here. Python: `torch.distributed.Backend`'s members
+/// `GLOO` and `NCCL`, spelt "gloo" and "nccl".
 enum class Backend {
-  gloo,  ///< CPU tensors (and CUDA tensors through host copies); always built
-  nccl,  ///< CUDA tensors; only in builds with CUDA
+  kGloo,  ///< "gloo": CPU tensors (and CUDA tensors through host copies); always built
+  kNccl,  ///< "nccl": CUDA tensors; only in builds with CUDA
 };
 
 /// `"gloo"` / `"nccl"`, as `torch.distributed` spells them. Host only.
@@ -29,6 +29,6 @@ struct ChoiceTraits<distributed::Backend> {
 };
 
 static_assert(Choice<distributed::Backend>::size() ==
-              static_cast<int>(distributed::Backend::nccl) + 1);
+              static_cast<int>(distributed::Backend::kNccl) + 1);
 
 }  // namespace mantissa

@@ -98,9 +98,9 @@ DistributedEnvironment DistributedEnvironment::from_env() {
 
 const char* backend_name(Backend backend) {
   switch (backend) {
-    case Backend::gloo:
+    case Backend::kGloo:
       return "gloo";
-    case Backend::nccl:
+    case Backend::kNccl:
       return "nccl";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown Backend ", static_cast<int>(backend));

@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const DistributedEnvir
   const int size = static_cast<int>(env.world_size);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(group_store, rank, size);
 
-  if (backend == Backend::gloo) {
+  if (backend == Backend::kGloo) {
     auto gloo =
         create_gloo(env, c10::make_intrusive<c10d::PrefixStore>("cpu/", group_store), timeout);
     group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);

@@ -13,7 +13,7 @@ namespace mantissa::nn {
 namespace {
 
 // Up to this length on both sides the math path beats ATen's flash kernel in bfloat16 on the
-// CPU; longer, the kernel wins (the figures are in BENCHMARKS.md).
+// CPU; longer, the kernel wins (BENCHMARKS.md, "Pointers from the code").
 constexpr std::int64_t kMathAttentionMaxLength = 128;
 
 // The dtype at::scaled_dot_product_attention computes in: it is on CPU autocast's

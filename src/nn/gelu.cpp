@@ -6,11 +6,11 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "cpu_capability.h"
 #include "nn/gelu_kernels.h"
 
 namespace mantissa::nn {
@@ -26,22 +26,22 @@ struct GeluCpuKernels {
   std::int64_t (*block)(GeluDtype);
 };
 
-// ATen's own choice of instruction set (cpuinfo, capped by ATEN_CPU_CAPABILITY), so that the
-// vector code here is the vector code at::gelu would run. Null kernels where ATen runs code we
-// have no copy of (its SVE kernels on ARM, say): there mantissa::nn::gelu is at::gelu.
+// The kernels of ATen's instruction set, so that the vector code here is the vector code at::gelu
+// would run. Null kernels where ATen runs code we have no copy of: there mantissa::nn::gelu is
+// at::gelu.
 GeluCpuKernels cpu_kernels() {
-  const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512") {
-    return {&detail::AVX512::gelu_forward_cpu, &detail::AVX512::gelu_backward_cpu,
-            &detail::AVX512::gelu_block};
-  }
-  if (capability == "AVX2") {
-    return {&detail::AVX2::gelu_forward_cpu, &detail::AVX2::gelu_backward_cpu,
-            &detail::AVX2::gelu_block};
-  }
-  if (capability == "DEFAULT") {
-    return {&detail::DEFAULT::gelu_forward_cpu, &detail::DEFAULT::gelu_backward_cpu,
-            &detail::DEFAULT::gelu_block};
+  switch (mantissa::detail::aten_cpu_capability()) {
+    case mantissa::detail::CpuCapability::kAvx512:
+      return {&detail::AVX512::gelu_forward_cpu, &detail::AVX512::gelu_backward_cpu,
+              &detail::AVX512::gelu_block};
+    case mantissa::detail::CpuCapability::kAvx2:
+      return {&detail::AVX2::gelu_forward_cpu, &detail::AVX2::gelu_backward_cpu,
+              &detail::AVX2::gelu_block};
+    case mantissa::detail::CpuCapability::kDefault:
+      return {&detail::DEFAULT::gelu_forward_cpu, &detail::DEFAULT::gelu_backward_cpu,
+              &detail::DEFAULT::gelu_block};
+    case mantissa::detail::CpuCapability::kOther:
+      break;
   }
   return {nullptr, nullptr, nullptr};
 }

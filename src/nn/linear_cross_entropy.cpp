@@ -35,7 +35,8 @@ Dtypes dtypes_of(const at::Tensor& hidden) {
 // Liger's chunk (about as many logits as `hidden` has elements), but at least the rows whose
 // float32 logits fill 128 MiB: every chunk adds a rank-`rows` product into the whole of
 // grad_weight, and with Liger's few rows at a GPT-2-sized vocabulary those passes over
-// grad_weight make a CPU step slower than the unfused pair (BENCHMARKS.md, memory tools).
+// grad_weight make a CPU step slower than the unfused pair (BENCHMARKS.md, "Pointers from the
+// code").
 // A power of two either way.
 int64_t auto_chunk_size(int64_t rows, int64_t vocab, int64_t in_features) {
   const int64_t factor = std::max<int64_t>(1, mantissa::detail::ceil_div(vocab, in_features));

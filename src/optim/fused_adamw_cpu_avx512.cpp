@@ -1,7 +1,7 @@
 // The fused AdamW CPU kernel built for AVX512 (CPU_CAPABILITY=AVX512 and -m flags set by
-// cmake/MantissaSources.cmake); fused_adamw.cpp calls it only when at::get_cpu_capability()
-// says this CPU (and ATEN_CPU_CAPABILITY) allow AVX512. Elsewhere than x86-64 it forwards to the
-// portable build.
+// cmake/MantissaSources.cmake); fused_adamw_dispatch.cpp calls it only when
+// at::get_cpu_capability() says this CPU (and ATEN_CPU_CAPABILITY) allow AVX512. Elsewhere than
+// x86-64 it forwards to the portable build.
 #if defined(__x86_64__) || defined(_M_X64)
 #include "optim/fused_adamw_cpu_kernel.inc"
 #else

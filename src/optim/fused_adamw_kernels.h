@@ -77,7 +77,8 @@ struct AdamWCpuArgs {
   std::int64_t num_tensors;
 };
 
-// One definition per instruction set; fused_adamw.cpp picks one with at::get_cpu_capability().
+// One definition per instruction set; fused_adamw_dispatch.cpp picks one with
+// at::get_cpu_capability() (src/cpu_capability.h).
 // `fused_adamw_cpu_calls` counts the calls of that build (one relaxed atomic add per call, not
 // per element), so a test can tell which kernel a step really ran; 0 for a build that forwards
 // to DEFAULT (not x86-64).

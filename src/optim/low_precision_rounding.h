@@ -266,8 +266,8 @@ MANTISSA_HD double pow_by_squaring(double base, std::uint32_t n) {
 
 /// 1 - beta^step, the bias correction of the rules that promise the same bits on the CPU and on
 /// CUDA. On the host this needs a build that does not contract the subtraction with the last
-/// multiply into an fma: fused_adamw.cpp is compiled for baseline x86-64, which has no fma (an
-/// fma-enabled host build, e.g. aarch64, would need -ffp-contract=off there).
+/// multiply into an fma: fused_adamw_dispatch.cpp is compiled for baseline x86-64, which has no fma
+/// (an fma-enabled host build, e.g. aarch64, would need -ffp-contract=off there).
 MANTISSA_HD double exact_bias_correction(double beta, std::uint32_t step) {
 #if defined(__CUDA_ARCH__)
   return __dsub_rn(1.0, pow_by_squaring(beta, step));

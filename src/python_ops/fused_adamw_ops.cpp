@@ -14,7 +14,7 @@
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
 
-#include "optim/fused_adamw_lists.h"
+#include "python_ops/fused_adamw_lists.h"
 
 namespace mantissa::python_ops {
 namespace {
@@ -37,7 +37,7 @@ void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList ex
                   c10::string_view low_precision_update, std::int64_t seed,
                   const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) {
-  optim::detail::FusedAdamWLists lists;
+  FusedAdamWLists lists;
   lists.params = params.vec();
   lists.grads = grads.vec();
   lists.exp_avgs = exp_avgs.vec();
@@ -54,8 +54,8 @@ void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList ex
       .low_precision_update(optim::parse_low_precision_update(std::string(low_precision_update)))
       // The schema's int is signed; the seed's 64 bits are taken as they are.
       .stochastic_rounding_seed(static_cast<std::uint64_t>(seed));
-  optim::detail::fused_adamw_lists_(lists, options, grad_scale.value_or(at::Tensor()),
-                                    found_inf.value_or(at::Tensor()));
+  fused_adamw_lists_(lists, options, grad_scale.value_or(at::Tensor()),
+                     found_inf.value_or(at::Tensor()));
 }
 
 }  // namespace
@@ -67,7 +67,8 @@ TORCH_LIBRARY_IMPL(mantissa, CPU, m) {
   m.impl("fused_adamw_", &mantissa::python_ops::fused_adamw_);
 }
 
-// Only where libmantissa has its CUDA kernels (the same guard as src/optim/fused_adamw.cpp).
+// Only where libmantissa has its CUDA kernels (the same guard as
+// src/optim/fused_adamw_dispatch.cpp).
 #ifdef MANTISSA_WITH_CUDA
 TORCH_LIBRARY_IMPL(mantissa, CUDA, m) {
   m.impl("fused_adamw_", &mantissa::python_ops::fused_adamw_);

@@ -59,7 +59,7 @@ std::shared_ptr<Collectives> Collectives::join_if_launched(const TrainingArgumen
                       "; a later Trainer cannot use ", distributed::backend_name(backend));
     return joined;
   }
-  TORCH_CHECK_VALUE(backend != distributed::Backend::nccl || device.is_cuda(),
+  TORCH_CHECK_VALUE(backend != distributed::Backend::kNccl || device.is_cuda(),
                     "ddp_backend nccl needs a CUDA device, ", "but this run trains on ",
                     device.str(), "; use ddp_backend gloo (or leave it unset) for the CPU");
   // NCCL binds to the current device; without this every rank would use cuda:0.
@@ -68,7 +68,7 @@ std::shared_ptr<Collectives> Collectives::join_if_launched(const TrainingArgumen
   auto group = distributed::init_process_group(env, backend, timeout);
   joined = std::make_shared<Collectives>(
       std::move(env), backend, std::move(group),
-      backend == distributed::Backend::nccl ? device : c10::Device(c10::kCPU), timeout);
+      backend == distributed::Backend::kNccl ? device : c10::Device(c10::kCPU), timeout);
   return joined;
 }
 

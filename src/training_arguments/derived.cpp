@@ -34,7 +34,7 @@ c10::Device TrainingArguments::device() const {
 
 distributed::Backend TrainingArguments::resolved_ddp_backend(const c10::Device& device) const {
   if (ddp_backend_) return Choice<distributed::Backend>(*ddp_backend_).value();
-  return device.is_cuda() ? distributed::Backend::nccl : distributed::Backend::gloo;
+  return device.is_cuda() ? distributed::Backend::kNccl : distributed::Backend::kGloo;
 }
 
 bool TrainingArguments::resolved_ddp_find_unused_parameters() const {

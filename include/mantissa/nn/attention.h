@@ -1,5 +1,5 @@
 #pragma once
-// Scaled dot-product attention with a CPU kernel choice measured for short sequences.
+// Scaled dot-product attention that takes ATen's math path for short bfloat16 sequences on the CPU.
 
 #include <cstdint>
 #include <optional>
@@ -12,9 +12,8 @@ namespace mantissa::nn {
 
 /// Whether `scaled_dot_product_attention` takes ATen's math path (two batched matmuls and a
 /// softmax, in float32) instead of the kernel ATen would pick: on the CPU, for bfloat16, when
-/// neither sequence is longer than 128. There ATen's fused (flash) CPU kernel runs 1.3-2.2x
-/// slower than the math path, forward and backward, with head sizes 32 and 64; from 192 on it
-/// is faster (BENCHMARKS.md, measured on an AMX Xeon). Pure.
+/// neither sequence is longer than 128, the lengths at which ATen's fused (flash) CPU kernel is
+/// the slower of the two, forward and backward (BENCHMARKS.md, "Pointers from the code"). Pure.
 bool prefers_math_attention(c10::DeviceType device, c10::ScalarType dtype,
                             std::int64_t query_length, std::int64_t key_length);
 

@@ -1,9 +1,13 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <c10/util/Exception.h>
+
+#include <mantissa/choice.h>
 
 namespace mantissa::optim {
 
@@ -22,28 +26,46 @@ namespace mantissa::optim {
 ///   average. Python: torchao's `_AdamW(bf16_stochastic_round=True)`.
 enum class LowPrecisionUpdate : std::int8_t { kNearest, kKahan, kStochasticRounding };
 
+}  // namespace mantissa::optim
+
+namespace mantissa {
+
+/// The spellings of `optim::LowPrecisionUpdate`, so that `Choice<optim::LowPrecisionUpdate>` reads
+/// and writes them.
+template <>
+struct ChoiceTraits<optim::LowPrecisionUpdate> {
+  static constexpr const char* enum_name = "LowPrecisionUpdate";
+  static constexpr const char* names[] = {"nearest", "kahan", "stochastic_rounding"};
+};
+
+static_assert(Choice<optim::LowPrecisionUpdate>::size() ==
+              static_cast<int>(optim::LowPrecisionUpdate::kStochasticRounding) + 1);
+
+}  // namespace mantissa
+
+namespace mantissa::optim {
+
 /// The option's spelling at the edge (CLI, JSON, checkpoints): "nearest", "kahan",
-/// "stochastic_rounding".
+/// "stochastic_rounding". Pure.
 inline const char* to_string(LowPrecisionUpdate rule) {
-  switch (rule) {
-    case LowPrecisionUpdate::kNearest:
-      return "nearest";
-    case LowPrecisionUpdate::kKahan:
-      return "kahan";
-    case LowPrecisionUpdate::kStochasticRounding:
-      return "stochastic_rounding";
-  }
-  return "nearest";
+  return Choice<LowPrecisionUpdate>::name_at(static_cast<std::size_t>(rule));
 }
 
-/// Reads a spelling of `to_string`. Throws `c10::ValueError` naming the text otherwise.
-inline LowPrecisionUpdate parse_low_precision_update(const std::string& text) {
-  if (text == "nearest") return LowPrecisionUpdate::kNearest;
-  if (text == "kahan") return LowPrecisionUpdate::kKahan;
-  TORCH_CHECK_VALUE(text == "stochastic_rounding",
-                    "low_precision_update must be nearest, kahan or stochastic_rounding; got '",
-                    text, "'");
-  return LowPrecisionUpdate::kStochasticRounding;
+/// Reads a spelling of `to_string` through `Choice<LowPrecisionUpdate>`. Throws
+/// `c10::ValueError` naming the option and the text otherwise, in the Python package's words
+/// ("low_precision_update must be nearest, kahan or stochastic_rounding; got 'sr'"). Pure.
+inline LowPrecisionUpdate parse_low_precision_update(std::string_view text) {
+  using Rule = Choice<LowPrecisionUpdate>;
+  const Rule rule(text);
+  if (!rule.is_valid()) {
+    std::string names;
+    for (std::size_t i = 0; i < Rule::size(); ++i) {
+      names += i == 0 ? "" : i + 1 == Rule::size() ? " or " : ", ";
+      names += Rule::name_at(i);
+    }
+    TORCH_CHECK_VALUE(false, "low_precision_update must be ", names, "; got '", text, "'");
+  }
+  return rule.value();
 }
 
 }  // namespace mantissa::optim

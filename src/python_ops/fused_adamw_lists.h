@@ -1,6 +1,7 @@
 #pragma once
 // FusedAdamW's step over tensors that someone else owns: the entry point of the torch.ops
-// bridge (src/python_ops/), which holds the optimizer state in Python. Internal.
+// bridge (fused_adamw_ops.cpp), which holds the optimizer state in Python. Part of
+// libmantissa_ops; internal.
 
 #include <cstdint>
 #include <vector>
@@ -9,7 +10,7 @@
 
 #include <mantissa/optim/fused_adamw.h>
 
-namespace mantissa::optim::detail {
+namespace mantissa::python_ops {
 
 /// One step's tensors, one entry per parameter, in the layout Python's optimizers pass to
 /// `torch._fused_adamw_`. `masters` and `kahan_comps` are empty or as long as `params`.
@@ -25,7 +26,8 @@ struct FusedAdamWLists {
   std::vector<at::Tensor> steps;
   /// fp32 copies the update runs on (empty: the params themselves are updated).
   std::vector<at::Tensor> masters;
-  /// Kahan compensation of bf16/fp16 params without masters under `LowPrecisionUpdate::kKahan`.
+  /// Kahan compensation of bf16/fp16 params without masters under
+  /// `optim::LowPrecisionUpdate::kKahan`.
   std::vector<at::Tensor> kahan_comps;
   /// Each parameter's index in its optimizer (all groups): stochastic rounding's key, as
   /// FusedAdamW numbers its parameters.
@@ -36,7 +38,7 @@ struct FusedAdamWLists {
 /// `lists` with `options` (amsgrad off). `grad_scale` and `found_inf` may be undefined; a
 /// non-zero `found_inf` leaves every tensor unchanged. Never syncs on CUDA; on the CPU it reads
 /// `found_inf` and `grad_scale` from memory. Throws `c10::ValueError` on mismatched lists.
-void fused_adamw_lists_(const FusedAdamWLists& lists, const FusedAdamWOptions& options,
+void fused_adamw_lists_(const FusedAdamWLists& lists, const optim::FusedAdamWOptions& options,
                         const at::Tensor& grad_scale, const at::Tensor& found_inf);
 
-}  // namespace mantissa::optim::detail
+}  // namespace mantissa::python_ops
