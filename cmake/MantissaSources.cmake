@@ -30,6 +30,8 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/trainer_hooks.h
   include/mantissa/trainer.h
   include/mantissa/tensorboard_callback.h
+  include/mantissa/report_to.h
+  include/mantissa/integrations.h
   include/mantissa/distributed_backend.h
   include/mantissa/distributed.h
   include/mantissa/fp8/recipe.h
@@ -55,6 +57,7 @@ set(MANTISSA_CXX_SOURCES
   src/training_arguments/lr_scheduler_kwargs_schema.cpp
   src/training_arguments/gradient_checkpointing_kwargs_json.cpp
   src/training_arguments/fsdp_checks.cpp
+  src/training_arguments/report_to.cpp
   src/training_arguments/reporting_checks.cpp
   src/training_arguments/validate.cpp
   src/training_arguments/derived.cpp
@@ -104,6 +107,8 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/optimizer_state_table.cpp
   src/trainer/metrics_log.cpp
   src/trainer/reporting.cpp
+  src/integrations/registry.cpp
+  src/integrations/tensorboard_integration.cpp
   src/trainer/tensorboard_callback.cpp
   src/trainer/resume_check.cpp
   src/trainer/run_schedule.cpp

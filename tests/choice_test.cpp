@@ -56,7 +56,7 @@ TEST(ChoiceTest, ComparesWithEnumeratorsButNotWithStrings) {
   static_assert(!comparable<C, const char(&)[6]>);
   static_assert(!comparable<C, std::string>);
   static_assert(!comparable<C, std::string_view>);
-  static_assert(!comparable<Choice<mantissa::ReportTo>, const char*>);
+  static_assert(!comparable<Choice<mantissa::IntervalStrategy>, const char*>);
   static_assert(!comparable<Choice<mantissa::DdpCommHook>, std::string>);
   EXPECT_EQ(C("epoch").name(), "epoch") << "the spelling stays readable through name()";
 }

@@ -67,15 +67,6 @@ enum class LowPrecisionUpdateMode {
   kStochasticRounding,  ///< "stochastic_rounding": round up or down at random, right on average
 };
 
-/// `--report_to`: where a run reports its logs besides trainer_log.jsonl. Python: HF's
-/// `report_to`, which takes "none", "all" or a list of integration names (`tensorboard` being
-/// the one mantissa has); on the command line and in training_args.json one string.
-enum class ReportTo {
-  kNone,         ///< "none": no integration
-  kAll,          ///< "all": every integration mantissa has
-  kTensorboard,  ///< "tensorboard": TensorBoard event files under output_dir/runs/
-};
-
 /// `--ddp_comm_hook` (mantissa): how gradient buckets travel between the processes. Python:
 /// `ddp_model.register_comm_hook(group, hook)` with a hook of
 /// `torch.distributed.algorithms.ddp_comm_hooks.default_hooks`.
@@ -132,12 +123,6 @@ struct ChoiceTraits<LowPrecisionUpdateMode> {
 };
 
 template <>
-struct ChoiceTraits<ReportTo> {
-  static constexpr const char* enum_name = "ReportTo";
-  static constexpr const char* names[] = {"none", "all", "tensorboard"};
-};
-
-template <>
 struct ChoiceTraits<DdpCommHook> {
   static constexpr const char* enum_name = "DdpCommHook";
   static constexpr const char* names[] = {"none", "fp16_compress", "bf16_compress"};
@@ -172,7 +157,6 @@ static_assert(Choice<SaveStrategy>::size() == static_cast<int>(SaveStrategy::kBe
 static_assert(Choice<MasterWeightsMode>::size() == static_cast<int>(MasterWeightsMode::kOff) + 1);
 static_assert(Choice<LowPrecisionUpdateMode>::size() ==
               static_cast<int>(LowPrecisionUpdateMode::kStochasticRounding) + 1);
-static_assert(Choice<ReportTo>::size() == static_cast<int>(ReportTo::kTensorboard) + 1);
 static_assert(Choice<DdpCommHook>::size() == static_cast<int>(DdpCommHook::kBf16Compress) + 1);
 static_assert(Choice<fp8::ScalingRecipe>::size() ==
               static_cast<int>(fp8::ScalingRecipe::kDelayed) + 1);

@@ -21,6 +21,7 @@
 #include <mantissa/fp8/recipe.h>
 #include <mantissa/fp8/scaling_state.h>
 #include <mantissa/gradient_checkpointing_kwargs.h>
+#include <mantissa/integrations.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>
@@ -37,6 +38,7 @@
 #include <mantissa/optim/low_precision_update.h>
 #include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/precision_plan.h>
+#include <mantissa/report_to.h>
 #include <mantissa/seed.h>
 #include <mantissa/tensorboard_callback.h>
 #include <mantissa/trainer.h>

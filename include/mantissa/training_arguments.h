@@ -14,6 +14,7 @@
 #include <mantissa/distributed_backend.h>
 #include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/lr_scheduler_kwargs.h>
+#include <mantissa/report_to.h>
 
 /// The fields of `mantissa::TrainingArguments`, one line each: `X(type, name, default, help)`.
 ///
@@ -90,9 +91,9 @@
   X(bool, logging_nan_inf_filter, true,                                                            \
     "Leave losses that are inf or nan out of the logged average (each is counted as the mean "     \
     "of the finite ones); training is unaffected.")                                                \
-  X(Choice<ReportTo>, report_to, ReportTo::kNone,                                                  \
-    "Where to report logs besides trainer_log.jsonl: none, tensorboard (event files for "          \
-    "tensorboard --logdir), all (every integration mantissa has), or several, comma-separated.")   \
+  X(ReportTo, report_to, ReportTo(),                                                               \
+    "Integrations to report the logs to besides trainer_log.jsonl: none, all (every registered "  \
+    "one), or names, comma-separated.")                                                            \
   X(std::optional<std::string>, run_name, std::nullopt,                                            \
     "A name for the run; TensorBoard's folder becomes output_dir/runs/<run_name> instead of "      \
     "runs/<date>_<host>.")                                                                         \
@@ -266,7 +267,7 @@ namespace mantissa {
 /// `TrainingArguments& name(T)` and getters `const T& name() const` / `T& name()`. Setting
 /// a field checks nothing; `validate()` does (`parse`, `from_json` and the Trainer call it).
 /// The fields that take one of a fixed set of names (`optim`, `lr_scheduler_type`, the three
-/// strategies, `master_weights`, `low_precision_update`, `report_to`, `ddp_comm_hook`,
+/// strategies, `master_weights`, `low_precision_update`, `ddp_comm_hook`,
 /// `fp8_recipe`, `fp8_amax_compute_algo`, `fp8_format`) hold a
 /// `Choice` of an enum of include/mantissa/argument_enums.h: set them by enum or by spelling
 /// (`.optim(OptimizerNames::kSgd)`, `.optim("sgd")`), compare them with the enum
@@ -277,6 +278,9 @@ namespace mantissa {
 /// `lr_scheduler_kwargs` holds the schedule's own arguments, an `LrSchedulerKwargs` (names to
 /// integers, floats and strings; include/mantissa/lr_scheduler_kwargs.h):
 /// `.lr_scheduler_kwargs({{"num_cycles", 3}})`; on the command line a JSON object.
+/// `report_to` holds a `ReportTo` (include/mantissa/report_to.h), a list of integration names:
+/// `.report_to("tensorboard")`, `.report_to({"tensorboard", "my_tracker"})`, `.report_to("all")`
+/// (the integrations registered at that moment); on the command line comma-separated names.
 /// Nothing here touches a device except `validate()` and `device()`, which query it.
 class TrainingArguments {
  public:

@@ -45,6 +45,13 @@ std::string append_line(const std::string& path, const std::string& line) {
 MetricsLog::MetricsLog(std::string output_dir)
     : output_dir_(std::move(output_dir)), path_(io::join_path(output_dir_, "trainer_log.jsonl")) {}
 
+void MetricsLog::on_log(const TrainingArguments& /*args*/, TrainerState& state,
+                        TrainerControl& /*control*/, const LogEntry& logs) {
+  LogEntry with_step = logs;
+  with_step["step"] = static_cast<double>(state.global_step);
+  append(with_step);
+}
+
 void MetricsLog::append(const LogEntry& entry) {
   nlohmann::json line = nlohmann::json::object();
   for (const auto& [key, value] : entry) line[key] = io::json_log_value(value);

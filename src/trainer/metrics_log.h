@@ -1,6 +1,8 @@
 #pragma once
 // trainer_log.jsonl: one JSON object per log or evaluation entry, appended as it happens, so
-// that a run can be plotted (scripts/plot_metrics) while it trains.
+// that a run can be plotted (scripts/plot_metrics) while it trains. A callback: the Trainer
+// adds it first, ahead of report_to's integrations and the user's callbacks, on the processes
+// that save (whatever report_to says), so the line is on disk before any of them sees the log.
 
 #include <cstdint>
 #include <string>
@@ -12,10 +14,14 @@ namespace mantissa::detail {
 /// Appends log entries to `<output_dir>/trainer_log.jsonl`. A write that fails (a full disk, a
 /// read-only folder) is reported once with a warning that names the file and the reason, and
 /// training goes on: the same entries are kept in `TrainerState::log_history`, which each
-/// checkpoint saves.
-class MetricsLog {
+/// checkpoint saves. Python: none (HF keeps the entries in trainer_state.json alone).
+class MetricsLog : public TrainerCallback {
  public:
   explicit MetricsLog(std::string output_dir);
+
+  /// Appends `logs` with "step" set to `state.global_step`: the entry `log_history` holds.
+  void on_log(const TrainingArguments& args, TrainerState& state, TrainerControl& control,
+              const LogEntry& logs) override;
 
   /// Writes `entry` as one line (whole numbers as integers, non-finite values as
   /// "NaN"/"Infinity"/"-Infinity", as in trainer_state.json's log_history). Creates

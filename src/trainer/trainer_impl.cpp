@@ -54,7 +54,9 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   mark_process(state_);
   plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
   intervals_ = detail::make_interval_policy(args_);
-  // report_to's callbacks come before those the user adds, as in HF.
+  // trainer_log.jsonl is written first, on the processes that save; report_to's callbacks come
+  // next, before those the user adds, as in HF.
+  if (strategy_->should_save()) callbacks_.add(metrics_log_);
   for (auto& callback : detail::make_reporting_callbacks(args_)) {
     callbacks_.add(std::move(callback));
   }
@@ -159,7 +161,7 @@ void Trainer::Impl::check_output_dir(bool resuming) const {
   const auto& dir = args_.output_dir();
   const bool accepted = strategy_->passed_everywhere([&] {
     // What this Trainer wrote itself (an evaluate() before train()) does not count.
-    if (!strategy_->should_save() || resuming || metrics_log_.wrote() ||
+    if (!strategy_->should_save() || resuming || metrics_log_->wrote() ||
         args_.overwrite_output_dir() || !io::is_directory(dir)) {
       return;
     }
@@ -249,7 +251,7 @@ void Trainer::Impl::load_for_resume(const std::string& dir) {
   if (by_global_step) state_.steps_in_epoch = 0;
   mark_process(state_);
   // What the interrupted run logged past its checkpoint is logged again from here.
-  if (strategy_->should_save()) metrics_log_.drop_after(state_.global_step);
+  if (strategy_->should_save()) metrics_log_->drop_after(state_.global_step);
   state_.max_steps = fresh.max_steps;
   state_.logging_steps = fresh.logging_steps;
   state_.eval_steps = fresh.eval_steps;
@@ -303,9 +305,9 @@ void Trainer::Impl::log(LogEntry logs) {
   logs["epoch"] = state_.epoch;
   LogEntry with_step = logs;
   with_step["step"] = static_cast<double>(state_.global_step);
-  state_.log_history.push_back(with_step);
+  state_.log_history.push_back(std::move(with_step));
   if (strategy_->should_log()) progress_->print(detail::format_log(logs));
-  if (strategy_->should_save()) metrics_log_.append(with_step);
+  // The first callback on a saving process appends the entry to trainer_log.jsonl.
   callbacks_.fire(&TrainerCallback::on_log, logs);
 }
 

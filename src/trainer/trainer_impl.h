@@ -182,9 +182,11 @@ class Trainer::Impl {
 
   // ---- output ------------------------------------------------------------------------------
 
-  detail::MetricsLog metrics_log_{args_.output_dir()};  ///< trainer_log.jsonl
-  detail::Progress quiet_{0, false};                    ///< the output outside train()
-  detail::Progress* progress_ = &quiet_;                ///< a bar during train(), else quiet_
+  /// trainer_log.jsonl: the first callback on the processes that save.
+  std::shared_ptr<detail::MetricsLog> metrics_log_ =
+      std::make_shared<detail::MetricsLog>(args_.output_dir());
+  detail::Progress quiet_{0, false};      ///< the output outside train()
+  detail::Progress* progress_ = &quiet_;  ///< a bar during train(), else quiet_
 };
 
 }  // namespace mantissa

@@ -40,7 +40,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
 
   torch::manual_seed(static_cast<std::uint64_t>(args_.seed()));
   start_state();
-  if (!resume && strategy_->should_save()) metrics_log_.start_fresh();
+  if (!resume && strategy_->should_save()) metrics_log_->start_fresh();
   if (const auto dir = checkpoint_to_resume(resume)) load_for_resume(*dir);
   strategy_->copy_scaler_from_rank0(objects_.scaler);
   const auto max_steps = objects_.schedule.max_steps;

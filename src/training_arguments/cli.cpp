@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include <mantissa/argument_parser.h>
+#include <mantissa/integrations.h>
 #include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/training_arguments.h>
 
@@ -103,6 +104,11 @@ void from_cli(const std::string& /*flag*/, const std::string& text, Choice<E>& o
   out = Choice<E>(text);
 }
 
+// One or more integration names separated by commas, or none / all (ReportTo's meaning).
+void from_cli(const std::string& /*flag*/, const std::string& text, ReportTo& out) {
+  out = ReportTo(text);
+}
+
 // A list flag takes one or more values (`--label_names start_positions end_positions`); CLI11
 // hands them over one at a time, and they accumulate.
 void from_cli(const std::string& flag, const std::string& text,
@@ -167,10 +173,10 @@ struct CliType<Choice<E>> {
     return text + "}";
   }
 };
-// report_to also takes comma-separated lists, and ddp_comm_hook's help names each choice with
-// what it does, so both show TEXT rather than a {a,b,c} list.
+// report_to takes comma-separated names of integrations a program may register, and
+// ddp_comm_hook's help names each choice with what it does, so both show TEXT.
 template <>
-struct CliType<Choice<ReportTo>> : CliType<std::string> {};
+struct CliType<ReportTo> : CliType<std::string> {};
 template <>
 struct CliType<Choice<DdpCommHook>> : CliType<std::string> {};
 // optim lists the optimizer registry's names: the built-ins and what the program registered.
@@ -251,6 +257,23 @@ void add_negative_flag(Cli& cli, const std::string& name, Access access) {
   cli.bindings.emplace(no_alias, Binding{"--no-" + dashed(name), unset});
 }
 
+// The help of a field as --help shows it: the table's text, and for report_to the integrations
+// registered when the help is made (a program's own included).
+template <class T>
+std::string field_help(const std::string& help, const T& /*value*/) {
+  return help;
+}
+std::string field_help(const std::string& help, const ReportTo& /*value*/) {
+  std::string text = help + " Registered:";
+  const auto integrations = registered_integrations();
+  for (std::size_t i = 0; i < integrations.size(); ++i) {
+    const auto& info = integrations[i];
+    text += (i ? "; " : " ") + info.name;
+    if (!info.description.empty()) text += " (" + info.description + ")";
+  }
+  return text + ".";
+}
+
 // `shown_default` is what --help says (a program's set_defaults); `default_value`, the
 // library's, decides the flags themselves (`--no_<name>`), so that --help lists what parses.
 template <class T, class Access>
@@ -259,7 +282,8 @@ void add_field(Cli& cli, const std::string& name, const std::string& help, const
   const Setter set = [access](TrainingArguments& args, const std::string& flag,
                               const std::string& value) { from_cli(flag, value, access(args)); };
   const std::string type_text = CliType<T>::name();
-  const std::string description = help + " (default: " + detail::help_repr(shown_default) + ")";
+  const std::string description =
+      field_help(help, default_value) + " (default: " + detail::help_repr(shown_default) + ")";
   CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>,
                                        is_list_field<T>, type_text);
   cli.bindings.emplace(main, Binding{"--" + name, set});

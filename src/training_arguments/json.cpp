@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -41,6 +42,9 @@ Json to_json_value(const char* /*key*/, const Choice<E>& v) {
 }
 
 Json to_json_value(const char* /*key*/, const std::vector<std::string>& v) { return Json(v); }
+
+// A list, as HF writes report_to after __post_init__ ([] for none).
+Json to_json_value(const char* /*key*/, const ReportTo& v) { return Json(v.names()); }
 
 Json to_json_value(const char* key, const LrSchedulerKwargs& v) {
   return detail::lr_scheduler_kwargs_to_json(key, v);
@@ -99,6 +103,22 @@ void from_json_value(const char* key, const Json& j, LrSchedulerKwargs& out) {
 // An object of use_reentrant / preserve_rng_state; other keys are refused here.
 void from_json_value(const char* key, const Json& j, GradientCheckpointingKwargs& out) {
   out = detail::gradient_checkpointing_kwargs_from_json(key, j);
+}
+
+// HF's list of names; also the single string that training_args.json held before report_to
+// was a list ("none", "all", "tensorboard", "tensorboard,other"), read as the command line
+// reads it. Unknown names are kept; validate() names them.
+void from_json_value(const char* key, const Json& j, ReportTo& out) {
+  TORCH_CHECK_VALUE(j.is_array() || j.is_string(), key,
+                    ": expected a list of integration names or one string, got ",
+                    io::describe_json(j));
+  if (j.is_string()) {
+    out = ReportTo(j.get<std::string>());
+    return;
+  }
+  std::vector<std::string> names;
+  from_json_value(key, j, names);
+  out = ReportTo(std::move(names));
 }
 
 // Any spelling is kept; validate() names the key when it is not one of the enum's.

@@ -10,6 +10,7 @@
 #include <mantissa/choice.h>
 #include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/lr_scheduler_kwargs.h>
+#include <mantissa/report_to.h>
 
 namespace mantissa::detail {
 
@@ -50,6 +51,8 @@ std::string help_repr(const T& v) {
 }
 inline std::string help_repr(const std::string& v) { return v; }
 inline std::string help_repr(const std::optional<std::string>& v) { return v ? *v : "None"; }
+/// report_to as the command line spells it: "none", "tensorboard", "tensorboard,my_tracker".
+inline std::string help_repr(const ReportTo& v) { return v.text(); }
 template <class E>
 std::string help_repr(const Choice<E>& v) {
   return std::string(v.name());

@@ -1,43 +1,45 @@
 #include "training_arguments/reporting_checks.h"
 
 #include <algorithm>
-#include <string_view>
-#include <vector>
+#include <cstddef>
 
 #include <c10/util/Exception.h>
+
+#include <mantissa/integrations.h>
+
+#include "shorten.h"
 
 namespace mantissa::detail {
 namespace {
 
-// Whether `name` is one integration (not "none" or "all", which stand alone).
-bool is_integration(std::string_view name) {
-  const Choice<ReportTo> choice(name);
-  return choice.is_valid() && choice != ReportTo::kNone && choice != ReportTo::kAll;
+std::string registered_names() {
+  std::string text;
+  for (const auto& info : registered_integrations()) {
+    text += (text.empty() ? "" : ", ") + info.name;
+  }
+  return text;
 }
 
 }  // namespace
 
-void check_report_to(const Choice<ReportTo>& report_to) {
-  if (report_to.is_valid()) return;
-  // Not one spelling: then a list, whose names are checked one by one for the message.
-  const std::string_view text = report_to.name();
-  std::vector<std::string_view> seen;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const auto comma = std::min(text.find(',', start), text.size());
-    const auto name = text.substr(start, comma - start);
-    TORCH_CHECK_VALUE(is_integration(name), "report_to: '", name, "' (in '", text,
-                      "') is not an integration mantissa has; choose one of ",
-                      Choice<ReportTo>::names_text(), " (several separated by commas)");
-    for (const auto earlier : seen) {
-      TORCH_CHECK_VALUE(earlier != name, "report_to: '", name, "' appears twice in '", text, "'");
-    }
-    seen.push_back(name);
-    start = comma + 1;
+void check_report_to(const ReportTo& report_to) {
+  const auto& names = report_to.names();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& name = names[i];
+    const std::string shown =
+        "report_to: '" + shorten(name) + "' (in '" + shorten(report_to.text()) + "')";
+    TORCH_CHECK_VALUE(name != "none" && name != "all", shown, " stands for ",
+                      name == "none" ? "no integration" : "every registered integration",
+                      " and cannot be combined with other names; give it alone");
+    TORCH_CHECK_VALUE(
+        is_registered_integration(name), shown,
+        " is not a registered integration; choose none, all, or names among: ", registered_names(),
+        " (comma-separated; register_integration() of mantissa/integrations.h adds "
+        "more)");
+    TORCH_CHECK_VALUE(std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i),
+                                name) == names.begin() + static_cast<std::ptrdiff_t>(i),
+                      shown, " is named twice; each integration reports once");
   }
-  // With one integration, a list of two or more names always repeats one (or names something
-  // else), and a single name is a spelling of ReportTo: the loop has thrown.
-  TORCH_INTERNAL_ASSERT(false, "report_to '", text, "' passed every name check");
 }
 
 void check_run_name(const std::optional<std::string>& run_name) {

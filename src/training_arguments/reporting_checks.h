@@ -4,15 +4,17 @@
 #include <optional>
 #include <string>
 
-#include <mantissa/argument_enums.h>
+#include <mantissa/report_to.h>
 
 namespace mantissa::detail {
 
-/// Checks that `report_to` is "none", "all" or a list of integration names separated by commas,
-/// each once (mantissa has one: "tensorboard"). Throws c10::ValueError naming the first name
-/// that is not an integration, or the one that appears twice, with the whole text. Python: what
-/// `get_reporting_integration_callbacks(report_to)` refuses.
-void check_report_to(const Choice<ReportTo>& report_to);
+/// Checks that every name of `report_to` is a registered integration, named once, and that
+/// "none" and "all" do not appear among other names (alone, `ReportTo` has already turned them
+/// into a list). Throws c10::ValueError naming the first bad name and the whole list, with the
+/// registered names. Python: what `get_reporting_integration_callbacks(report_to)` refuses; HF
+/// makes a second callback for a repeated name, which would write every entry twice, so a
+/// repeat is refused here.
+void check_report_to(const ReportTo& report_to);
 
 /// Checks that `run_name`, when set, can name a folder under `runs/`: not empty, no '/', not
 /// "." or "..". Throws c10::ValueError naming the value.

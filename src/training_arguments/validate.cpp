@@ -42,9 +42,7 @@ void check_choice(const char* field, const Choice<E>& v) {
                     Choice<E>::choices_text());
 }
 
-// These two have messages of their own, given with their concern: report_to with the reporting
-// checks (it may be a list), ddp_comm_hook with the distributed ones.
-void check_choice(const char* /*field*/, const Choice<ReportTo>& /*v*/) {}
+// ddp_comm_hook has a message of its own, given with the distributed checks.
 void check_choice(const char* /*field*/, const Choice<DdpCommHook>& /*v*/) {}
 
 // optim names an entry of the optimizer registry: the OptimizerNames spellings and what a
