@@ -29,6 +29,7 @@ class DataParallel : public Strategy {
   bool is_local_main_process() const override {
     return collectives_->env().is_local_main_process();
   }
+  std::int64_t local_world_size() const override { return collectives_->env().local_world_size; }
   bool should_save() const override;
   bool should_log() const override;
   std::string describe() const override;

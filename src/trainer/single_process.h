@@ -14,6 +14,7 @@ class SingleProcess : public Strategy {
   std::int64_t rank() const override { return 0; }
   bool is_main_process() const override { return true; }
   bool is_local_main_process() const override { return true; }
+  std::int64_t local_world_size() const override { return 1; }
   bool should_save() const override { return true; }
   bool should_log() const override { return true; }
   std::string describe() const override { return {}; }

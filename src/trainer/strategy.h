@@ -61,6 +61,9 @@ class Strategy {
   virtual bool is_main_process() const = 0;
   /// The first process of its node. Python: `TrainerState.is_local_process_zero`.
   virtual bool is_local_main_process() const = 0;
+  /// Processes on this node (1 alone): how many share its cores. Python: the launcher's
+  /// `LOCAL_WORLD_SIZE`.
+  virtual std::int64_t local_world_size() const = 0;
   /// Whether this process writes checkpoints, trainer_log.jsonl and saved models: rank 0, and
   /// with `save_on_each_node` the first process of every node. Python: `args.should_save`.
   virtual bool should_save() const = 0;

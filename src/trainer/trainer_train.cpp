@@ -45,9 +45,9 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   strategy_->copy_scaler_from_rank0(objects_.scaler);
   const auto max_steps = objects_.schedule.max_steps;
   if (device_.is_cpu() && strategy_->is_local_main_process()) {
-    const auto local = distributed::DistributedEnvironment::from_env().local_world_size;
     if (const auto warning = detail::thread_oversubscription(
-            at::get_num_threads(), std::max<std::int64_t>(1, local), detail::usable_cores())) {
+            at::get_num_threads(), std::max<std::int64_t>(1, strategy_->local_world_size()),
+            detail::usable_cores())) {
       TORCH_WARN_ONCE(*warning);
     }
   }
