@@ -79,6 +79,7 @@ set(MANTISSA_CXX_SOURCES
   src/optim/registry/lbfgs_spec.cpp
   src/io/atomic_file.cpp
   src/io/safetensors.cpp
+  src/io/module_safetensors.cpp
   src/io/filesystem.cpp
   src/io/torch_save.cpp
   src/io/torch_load.cpp
