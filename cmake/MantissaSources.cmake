@@ -100,6 +100,7 @@ set(MANTISSA_CXX_SOURCES
   src/memory/cpu_caching_allocator.cpp
   src/trainer/trainer_state.cpp
   src/trainer/precision_plan.cpp
+  src/trainer/best_metric.cpp
   src/trainer/progress.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
@@ -136,6 +137,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/evaluation_accumulator.cpp
   src/trainer/training_loop.cpp
   src/trainer/trainer_impl.cpp
+  src/trainer/trainer_prepare.cpp
   src/trainer/trainer_train.cpp
   src/trainer/trainer.cpp
   src/distributed/environment.cpp

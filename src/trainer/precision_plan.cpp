@@ -154,5 +154,19 @@ PrecisionPlan plan_without_warnings(const TrainingArguments& args, c10::ScalarTy
 }
 
 }  // namespace
+c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
+  std::optional<c10::ScalarType> dtype;
+  for (const auto& item : module.named_parameters()) {
+    const auto t = item.value().scalar_type();
+    if (!c10::isFloatingType(t)) continue;
+    if (!dtype) dtype = t;
+    TORCH_CHECK_VALUE(*dtype == t, "the model mixes parameter dtypes (", *dtype, " and ", t,
+                      " in '", item.key(),
+                      "'); the Trainer expects one floating dtype for all parameters");
+  }
+  TORCH_CHECK_VALUE(dtype.has_value(), "the model has no floating-point parameters to train");
+  return *dtype;
+}
+
 }  // namespace detail
 }  // namespace mantissa

@@ -1,20 +1,17 @@
-// Trainer::Impl: construction, setup, resume, evaluation and saving; train() is in
-// trainer_train.cpp, the facade in trainer.cpp.
+// Trainer::Impl: construction, resume, evaluation and saving; prepare() is in
+// trainer_prepare.cpp, train() in trainer_train.cpp, the facade in trainer.cpp.
 #include "trainer/trainer_impl.h"
-
-#include <cmath>
-#include <limits>
 
 #include <c10/util/StringUtil.h>
 #include <fmt/format.h>
 
 #include <mantissa/io/safetensors.h>
-#include <mantissa/nn/supports_gradient_checkpointing.h>
 
 #include "io/filesystem.h"
 #include "shorten.h"
 
 #include "trainer/batch_roles.h"
+#include "trainer/best_metric.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluation.h"
 #include "trainer/precision_plan.h"
@@ -22,23 +19,7 @@
 #include "trainer/resume_check.h"
 
 namespace mantissa {
-namespace {
 
-c10::ScalarType floating_param_dtype(const torch::nn::Module& module) {
-  std::optional<c10::ScalarType> dtype;
-  for (const auto& item : module.named_parameters()) {
-    const auto t = item.value().scalar_type();
-    if (!c10::isFloatingType(t)) continue;
-    if (!dtype) dtype = t;
-    TORCH_CHECK_VALUE(*dtype == t, "the model mixes parameter dtypes (", *dtype, " and ", t,
-                      " in '", item.key(),
-                      "'); the Trainer expects one floating dtype for all parameters");
-  }
-  TORCH_CHECK_VALUE(dtype.has_value(), "the model has no floating-point parameters to train");
-  return *dtype;
-}
-
-}  // namespace
 Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward,
                     TrainingArguments args, BatchSource train, std::optional<BatchSource> eval)
     : module_(std::move(module)),
@@ -52,7 +33,7 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   device_ = args_.device();
   strategy_ = detail::make_strategy(args_, device_);
   mark_process(state_);
-  plan_ = detail::make_precision_plan(args_, floating_param_dtype(*module_));
+  plan_ = detail::make_precision_plan(args_, detail::floating_param_dtype(*module_));
   intervals_ = detail::make_interval_policy(args_);
   // trainer_log.jsonl is written first, on the processes that save; report_to's callbacks come
   // next, before those the user adds, as in HF.
@@ -68,93 +49,6 @@ void Trainer::Impl::update_callback_context() {
   callback_context_.optimizer = objects_.optimizer.optimizer.get();
   callback_context_.lr_scheduler = objects_.scheduler.get();
   callback_context_.scaler = prepared() ? &objects_.scaler : nullptr;
-}
-
-// ---- setup ----------------------------------------------------------------------------------
-
-void Trainer::Impl::prepare() {
-  if (prepared()) return;
-  auto& o = objects_;
-  o.schedule = detail::make_run_schedule(
-      static_cast<std::size_t>(strategy_->examples_per_process(
-          static_cast<std::int64_t>(train_.size), args_.dataloader_drop_last())),
-      args_);
-  if (plan_.param_dtype != floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
-  module_->to(device_);
-  if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
-  if (args_.gradient_checkpointing()) enable_gradient_checkpointing();
-  // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
-  strategy_->prepare_model(*module_);
-  // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.
-  o.scaler = amp::GradScaler(
-      amp::GradScalerOptions()
-          .enabled(plan_.loss_scaling)
-          .init_scale(args_.init_loss_scale())
-          .growth_interval(args_.loss_scale_window())
-          .hysteresis(args_.hysteresis())
-          .consecutive_hysteresis(args_.consecutive_hysteresis())
-          .min_scale(args_.min_loss_scale())
-          .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
-  auto setup =
-      strategy_->make_optimizer(args_, *module_, plan_, hooks_.optimizer_factory, o.scaler);
-  o.masters = std::move(setup.masters);
-  o.optimizer = std::move(setup.optimizer);
-  if (hooks_.optimizer_factory) {
-    // A user's optimizer writes low-precision weights its own way.
-    const auto& groups = o.optimizer.optimizer->param_groups();
-    plan_.low_precision_update =
-        o.optimizer.fused != nullptr
-            ? static_cast<const optim::FusedAdamWOptions&>(groups.front().options())
-                  .low_precision_update()
-            : optim::LowPrecisionUpdate::kNearest;
-  }
-  if (plan_.weights == WeightsMode::kPureLowPrecision &&
-      plan_.low_precision_update == optim::LowPrecisionUpdate::kNearest) {
-    amp::warn_pure_low_precision_once(plan_.param_dtype);
-  }
-  auto& optimizer = *o.optimizer.optimizer;
-  const auto max_steps = o.schedule.max_steps;
-  auto scheduler = hooks_.scheduler_factory
-                       ? hooks_.scheduler_factory(optimizer, max_steps)
-                       : std::make_unique<LrScheduler>(optimizer, args_.lr_scheduler_type().value(),
-                                                       args_.get_warmup_steps(max_steps), max_steps,
-                                                       args_.lr_scheduler_kwargs());
-  TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
-  o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
-  update_callback_context();
-}
-
-void Trainer::Impl::convert_to_fp8() {
-  const bool own_filter = static_cast<bool>(hooks_.float8_filter);
-  auto conversion = fp8::convert_to_float8_training(
-      *module_, *plan_.fp8, own_filter ? hooks_.float8_filter : fp8::default_float8_filter);
-  TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
-                    "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
-                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers ",
-                    own_filter ? "that the filter of set_float8_filter accepts"
-                               : "other than its first and last linear layer, whose dimensions "
-                                 "are multiples of 16",
-                    "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
-  plan_.fp8_layers = conversion.describe();
-  objects_.fp8 = std::move(conversion);
-}
-
-void Trainer::Impl::enable_gradient_checkpointing() {
-  auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(module_.get());
-  TORCH_CHECK_VALUE(model != nullptr, "--gradient_checkpointing: ", module_->name(),
-                    " does not support gradient checkpointing: its class must derive from "
-                    "mantissa::nn::SupportsGradientCheckpointing and run its blocks through "
-                    "maybe_checkpoint (docs/trainer.md, \"Saving memory\"); or train without "
-                    "--gradient_checkpointing");
-  // The gradient sync's search for unused parameters walks the forward's graph, where the
-  // checkpointed blocks' parameters do not appear: it would count them unused, then see their
-  // gradients arrive from the recompute (HF turns the search off for a checkpointing model).
-  TORCH_CHECK_VALUE(strategy_->world_size() == 1 || !args_.resolved_ddp_find_unused_parameters(),
-                    "--gradient_checkpointing across ", strategy_->world_size(),
-                    " processes needs --ddp_find_unused_parameters false: the search for unused "
-                    "parameters cannot see the parameters of the recomputed blocks");
-  model->gradient_checkpointing_enable(
-      args_.gradient_checkpointing_kwargs().value_or(GradientCheckpointingKwargs{}));
 }
 
 void Trainer::Impl::check_output_dir(bool resuming) const {
@@ -350,24 +244,9 @@ PredictionOutput Trainer::Impl::predict(const BatchSource& dataset, const std::s
 }
 
 bool Trainer::Impl::update_best_metric(const LogEntry& metrics) {
-  const auto metric = args_.resolved_metric_for_best_model();
-  const auto it = metrics.find(metric);
-  if (it == metrics.end()) {
-    std::vector<std::string> names;
-    for (const auto& entry : metrics) names.push_back(entry.first);
-    TORCH_CHECK_VALUE(false, "metric_for_best_model is '", metric,
-                      "', but the evaluation reported no such metric; it reported ",
-                      c10::Join(", ", names),
-                      ". Set metric_for_best_model to one of them, or add it in compute_metrics.");
-  }
-  const double value = it->second;
-  if (!std::isfinite(value)) return false;  // a nan or inf evaluation never ranks best
-  const bool greater = args_.resolved_greater_is_better();
-  if (state_.best_metric &&
-      !(greater ? value > *state_.best_metric : value < *state_.best_metric)) {
-    return false;
-  }
-  state_.best_metric = value;
+  const auto best = detail::improved_best_metric(args_, metrics, state_.best_metric);
+  if (!best) return false;
+  state_.best_metric = *best;
   state_.best_global_step = state_.global_step;
   return true;
 }
@@ -416,8 +295,9 @@ void Trainer::Impl::finish_training() {
   if (args_.load_best_model_at_end() && state_.best_model_checkpoint) load_best_model();
   if (args_.load_best_model_at_end() && !state_.best_model_checkpoint &&
       strategy_->is_main_process()) {
-    TORCH_WARN("load_best_model_at_end: no best model was found (no evaluation of this run "
-               "saved a checkpoint), so the model keeps the weights of its last step");
+    TORCH_WARN(
+        "load_best_model_at_end: no best model was found (no evaluation of this run "
+        "saved a checkpoint), so the model keeps the weights of its last step");
   }
   if (state_.best_model_checkpoint && args_.save_total_limit() == 1 && strategy_->should_save()) {
     // HF: with a limit of one, the run ends with the best checkpoint alone.

@@ -1,7 +1,8 @@
 #pragma once
 // Trainer::Impl: what a Trainer owns, and the wiring between its pieces. Internal: shared by
-// trainer_impl.cpp (construction, setup, resume, evaluation, saving), trainer_train.cpp
-// (train(): the engines and the loop wired together) and trainer.cpp (the facade).
+// trainer_impl.cpp (construction, resume, evaluation, saving), trainer_prepare.cpp (prepare()),
+// trainer_train.cpp (train(): the engines and the loop wired together) and trainer.cpp (the
+// facade).
 
 #include <memory>
 #include <optional>
@@ -98,7 +99,7 @@ class Trainer::Impl {
   }
 
  private:
-  // ---- setup and resume (trainer_impl.cpp) -------------------------------------------------
+  // ---- setup (trainer_prepare.cpp) and resume (trainer_impl.cpp) ----------------------------
 
   /// Refuses a non-empty output_dir that this run did not write, unless resuming or
   /// `overwrite_output_dir`; checked by the processes that write, agreed by all. Python: the

@@ -1,0 +1,98 @@
+// Trainer::Impl::prepare(): the objects an update needs, made once from the model and the
+// arguments (the model cast, moved and handed to the strategy; FP8 and gradient checkpointing
+// switched on; scaler, masters, optimizer and scheduler).
+#include <limits>
+
+#include <mantissa/nn/supports_gradient_checkpointing.h>
+
+#include "trainer/precision_plan.h"
+#include "trainer/trainer_impl.h"
+
+namespace mantissa {
+
+void Trainer::Impl::prepare() {
+  if (prepared()) return;
+  auto& o = objects_;
+  o.schedule = detail::make_run_schedule(
+      static_cast<std::size_t>(strategy_->examples_per_process(
+          static_cast<std::int64_t>(train_.size), args_.dataloader_drop_last())),
+      args_);
+  if (plan_.param_dtype != detail::floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
+  module_->to(device_);
+  if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
+  if (args_.gradient_checkpointing()) enable_gradient_checkpointing();
+  // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
+  strategy_->prepare_model(*module_);
+  // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.
+  o.scaler = amp::GradScaler(
+      amp::GradScalerOptions()
+          .enabled(plan_.loss_scaling)
+          .init_scale(args_.init_loss_scale())
+          .growth_interval(args_.loss_scale_window())
+          .hysteresis(args_.hysteresis())
+          .consecutive_hysteresis(args_.consecutive_hysteresis())
+          .min_scale(args_.min_loss_scale())
+          .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
+  auto setup =
+      strategy_->make_optimizer(args_, *module_, plan_, hooks_.optimizer_factory, o.scaler);
+  o.masters = std::move(setup.masters);
+  o.optimizer = std::move(setup.optimizer);
+  if (hooks_.optimizer_factory) {
+    // A user's optimizer writes low-precision weights its own way.
+    const auto& groups = o.optimizer.optimizer->param_groups();
+    plan_.low_precision_update =
+        o.optimizer.fused != nullptr
+            ? static_cast<const optim::FusedAdamWOptions&>(groups.front().options())
+                  .low_precision_update()
+            : optim::LowPrecisionUpdate::kNearest;
+  }
+  if (plan_.weights == WeightsMode::kPureLowPrecision &&
+      plan_.low_precision_update == optim::LowPrecisionUpdate::kNearest) {
+    amp::warn_pure_low_precision_once(plan_.param_dtype);
+  }
+  auto& optimizer = *o.optimizer.optimizer;
+  const auto max_steps = o.schedule.max_steps;
+  auto scheduler = hooks_.scheduler_factory
+                       ? hooks_.scheduler_factory(optimizer, max_steps)
+                       : std::make_unique<LrScheduler>(optimizer, args_.lr_scheduler_type().value(),
+                                                       args_.get_warmup_steps(max_steps), max_steps,
+                                                       args_.lr_scheduler_kwargs());
+  TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
+  o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
+  update_callback_context();
+}
+
+void Trainer::Impl::convert_to_fp8() {
+  const bool own_filter = static_cast<bool>(hooks_.float8_filter);
+  auto conversion = fp8::convert_to_float8_training(
+      *module_, *plan_.fp8, own_filter ? hooks_.float8_filter : fp8::default_float8_filter);
+  TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
+                    "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
+                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers ",
+                    own_filter ? "that the filter of set_float8_filter accepts"
+                               : "other than its first and last linear layer, whose dimensions "
+                                 "are multiples of 16",
+                    "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
+  plan_.fp8_layers = conversion.describe();
+  objects_.fp8 = std::move(conversion);
+}
+
+void Trainer::Impl::enable_gradient_checkpointing() {
+  auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(module_.get());
+  TORCH_CHECK_VALUE(model != nullptr, "--gradient_checkpointing: ", module_->name(),
+                    " does not support gradient checkpointing: its class must derive from "
+                    "mantissa::nn::SupportsGradientCheckpointing and run its blocks through "
+                    "maybe_checkpoint (docs/trainer.md, \"Saving memory\"); or train without "
+                    "--gradient_checkpointing");
+  // The gradient sync's search for unused parameters walks the forward's graph, where the
+  // checkpointed blocks' parameters do not appear: it would count them unused, then see their
+  // gradients arrive from the recompute (HF turns the search off for a checkpointing model).
+  TORCH_CHECK_VALUE(strategy_->world_size() == 1 || !args_.resolved_ddp_find_unused_parameters(),
+                    "--gradient_checkpointing across ", strategy_->world_size(),
+                    " processes needs --ddp_find_unused_parameters false: the search for unused "
+                    "parameters cannot see the parameters of the recomputed blocks");
+  model->gradient_checkpointing_enable(
+      args_.gradient_checkpointing_kwargs().value_or(GradientCheckpointingKwargs{}));
+}
+
+}  // namespace mantissa
