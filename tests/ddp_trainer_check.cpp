@@ -257,6 +257,24 @@ int run_check(const std::string& scenario, Launch l) {
     ok &= contains(read_text(l.dir + "/args.rank1.log"), "learning_rate: 0.5", "rank 1's error");
     ok &=
         !contains(read_text(l.dir + "/args.rank1.log"), "dataloader_num_workers", "rank 1's error");
+  } else if (scenario == "gradient_checkpointing") {
+    // With the search for unused parameters on (the default) both ranks refuse; with it off,
+    // two ranks that recompute the first layer end with the weights of one process.
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st", "--gradient_checkpointing"} +
+            common_flags(l.dir + "/out"),
+        l.dir + "/gc");
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    for (int r = 0; r < 2; ++r) {
+      ok &= contains(read_text(l.dir + "/gc.rank" + std::to_string(r) + ".log"),
+                     "--gradient_checkpointing across 2 processes needs "
+                     "--ddp_find_unused_parameters false",
+                     "rank " + std::to_string(r) + "'s error");
+    }
+    ok = ok && check_equivalence(
+                   l, {"--gradient_checkpointing", "--ddp_find_unused_parameters", "false"}, 32,
+                   1e-5, false);
   } else if (scenario == "mismatched_model") {
     const auto status = run_ranks(
         l, 2, std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out"),

@@ -31,6 +31,7 @@
 #include <mantissa/fp8/float8_linear.h>
 #include <mantissa/fp8/scaling_state.h>
 #include <mantissa/io/safetensors.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 #include <mantissa/trainer.h>
 
 #include "io/filesystem.h"
@@ -64,7 +65,8 @@ struct WorkerOptions {
 /// 20 -> hidden -> 4, with parameters fc1.weight, fc1.bias, fc2.weight, fc2.bias (the names of
 /// tests/ddp/torch_ddp_reference.py's model); with `middle` > 0, 20 -> hidden -> middle -> 4, the
 /// middle layer `mid` a Float8Linear (the one --fp8 converts: the others are first and last).
-struct MlpImpl : torch::nn::Module {
+/// It supports `--gradient_checkpointing` (the first layer recomputed in the backward).
+struct MlpImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing {
   MlpImpl(std::int64_t hidden, double dropout, std::int64_t middle)
       : fc1(register_module("fc1", torch::nn::Linear(20, hidden))),
         mid(middle > 0 ? register_module("mid", mantissa::fp8::Float8Linear(hidden, middle))
@@ -72,7 +74,8 @@ struct MlpImpl : torch::nn::Module {
         drop(register_module("drop", torch::nn::Dropout(dropout))),
         fc2(register_module("fc2", torch::nn::Linear(middle > 0 ? middle : hidden, 4))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(fc1(x));
+    auto h = maybe_checkpoint(
+        is_training(), [this](const torch::Tensor& in) { return torch::relu(fc1(in)); }, x);
     if (!mid.is_empty()) h = torch::relu(mid(h));
     return fc2(drop(h));
   }

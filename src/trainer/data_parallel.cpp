@@ -82,6 +82,14 @@ void DataParallel::agree_on_model(torch::nn::Module& module, bool with_buffers) 
   collectives_->broadcast_module_states(module, with_buffers);
 }
 
+std::optional<std::string> DataParallel::gradient_checkpointing_blocker() const {
+  if (!args_.resolved_ddp_find_unused_parameters()) return std::nullopt;
+  return fmt::format(
+      "across {} processes needs --ddp_find_unused_parameters false: the search for unused "
+      "parameters cannot see the parameters of the recomputed blocks",
+      world_size());
+}
+
 void DataParallel::prepare_model(torch::nn::Module& module) {
   agree_on_model(module, args_.resolved_ddp_broadcast_buffers());
   gradient_sync_ = std::make_unique<GradientSync>(*collectives_, module, args_);

@@ -57,6 +57,11 @@ class DataParallel : public Strategy {
   void before_backward(const torch::Tensor& loss, bool sync) override;
   bool run_step(const std::function<bool()>& step) const override;
   std::optional<std::string> cuda_graph_blocker() const override;
+  /// With `ddp_find_unused_parameters` (the default): the search for unused parameters walks
+  /// the forward's graph, where the recomputed blocks' parameters do not appear, so it would
+  /// count them unused and then see their gradients arrive (HF turns the search off for such a
+  /// model).
+  std::optional<std::string> gradient_checkpointing_blocker() const override;
   void copy_scaler_from_rank0(amp::GradScaler& scaler) const override;
 
   /// Written together: rank 0 (and each node's first process with `save_on_each_node`) writes

@@ -15,6 +15,9 @@ class SingleProcess : public Strategy {
   bool is_main_process() const override { return true; }
   bool is_local_main_process() const override { return true; }
   std::int64_t local_world_size() const override { return 1; }
+  std::optional<std::string> gradient_checkpointing_blocker() const override {
+    return std::nullopt;
+  }
   bool should_save() const override { return true; }
   bool should_log() const override { return true; }
   std::string describe() const override { return {}; }

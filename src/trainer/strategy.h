@@ -128,6 +128,9 @@ class Strategy {
   virtual bool run_step(const std::function<bool()>& step) const = 0;
   /// Why a CUDA graph cannot capture this strategy's step, or nullopt when it can.
   virtual std::optional<std::string> cuda_graph_blocker() const = 0;
+  /// Why this strategy's gradient sync cannot run with `--gradient_checkpointing` as the
+  /// arguments stand (completing "--gradient_checkpointing ..."), or nullopt when it can.
+  virtual std::optional<std::string> gradient_checkpointing_blocker() const = 0;
   /// Copies rank 0's loss-scaler state to every process, so that every process skips the same
   /// steps. Nothing alone.
   virtual void copy_scaler_from_rank0(amp::GradScaler& scaler) const = 0;

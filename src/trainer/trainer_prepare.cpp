@@ -84,13 +84,9 @@ void Trainer::Impl::enable_gradient_checkpointing() {
                     "mantissa::nn::SupportsGradientCheckpointing and run its blocks through "
                     "maybe_checkpoint (docs/trainer.md, \"Saving memory\"); or train without "
                     "--gradient_checkpointing");
-  // The gradient sync's search for unused parameters walks the forward's graph, where the
-  // checkpointed blocks' parameters do not appear: it would count them unused, then see their
-  // gradients arrive from the recompute (HF turns the search off for a checkpointing model).
-  TORCH_CHECK_VALUE(strategy_->world_size() == 1 || !args_.resolved_ddp_find_unused_parameters(),
-                    "--gradient_checkpointing across ", strategy_->world_size(),
-                    " processes needs --ddp_find_unused_parameters false: the search for unused "
-                    "parameters cannot see the parameters of the recomputed blocks");
+  if (const auto why = strategy_->gradient_checkpointing_blocker()) {
+    TORCH_CHECK_VALUE(false, "--gradient_checkpointing ", *why);
+  }
   model->gradient_checkpointing_enable(
       args_.gradient_checkpointing_kwargs().value_or(GradientCheckpointingKwargs{}));
 }
