@@ -104,6 +104,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/progress.cpp
   src/trainer/step_graph.cpp
   src/trainer/checkpoint.cpp
+  src/trainer/checkpoint_io.cpp
   src/trainer/checkpoint_folder.cpp
   src/trainer/checkpoint_files.cpp
   src/trainer/optimizer_state_table.cpp
@@ -121,6 +122,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/optimizer_family.cpp
   src/trainer/eager_engine.cpp
   src/trainer/collectives.cpp
+  src/trainer/process_group_strategy.cpp
   src/trainer/data_parallel.cpp
   src/trainer/sharded_data_parallel.cpp
   src/trainer/single_process.cpp

@@ -88,7 +88,7 @@ TEST(EvaluationTest, AForwardThatThrowsLeavesTheModelInTrainMode) {
   const mantissa::LossWithOutputsFn no_loss;
   const mantissa::MetricsFn no_metrics;
   const mantissa::PreprocessLogitsFn no_preprocess;
-  const mantissa::detail::SingleProcess alone;
+  mantissa::detail::SingleProcess alone;
   std::set<std::string> warned;
   const mantissa::detail::EvaluationParts parts{
       args, plan, c10::kCPU, *model, forward, no_loss, no_metrics, no_preprocess, alone, warned};

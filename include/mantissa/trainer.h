@@ -195,8 +195,9 @@ class Trainer {
     return predict(make_batch_source(std::move(dataset)), metric_key_prefix);
   }
 
-  /// Writes `model.safetensors` and `training_args.json` into `dir`. Python:
-  /// `trainer.save_model(dir)`.
+  /// Writes `model.safetensors` (the model's full state, whatever the strategy holds on each
+  /// process) and `training_args.json` into `dir`, on the processes that save. In a job of
+  /// several processes every process calls it, as in Python. Python: `trainer.save_model(dir)`.
   void save_model(const std::string& dir) const;
 
   const TrainerState& state() const;

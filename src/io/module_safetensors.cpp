@@ -1,6 +1,7 @@
-// A module's state_dict to and from a .safetensors file: `save_module_safetensors` and
-// `load_module_safetensors` of include/mantissa/io/safetensors.h, on the file format's
-// `save_safetensors` / `load_safetensors` (src/io/safetensors.cpp).
+// A module's state_dict as named tensors (include/mantissa/io/state_dict.h), and to and from a
+// .safetensors file: `save_module_safetensors` and `load_module_safetensors` of
+// include/mantissa/io/safetensors.h, on the file format's `save_safetensors` /
+// `load_safetensors` (src/io/safetensors.cpp).
 #include <set>
 #include <sstream>
 #include <string>
@@ -17,19 +18,6 @@
 
 namespace mantissa::io {
 namespace {
-
-// The module's parameters, then its buffers, under their dotted names: what Python's
-// `module.state_dict()` holds.
-std::vector<std::pair<std::string, at::Tensor>> state_dict_of(const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    tensors.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    tensors.emplace_back(item.key(), item.value());
-  }
-  return tensors;
-}
 
 // A shape as Python prints a tensor's size: "torch.Size([2, 3])".
 std::string python_size(at::IntArrayRef shape) {
@@ -49,17 +37,34 @@ std::string quoted_list(const std::vector<std::string>& names) {
 
 }  // namespace
 
+NamedTensors module_state_dict(const torch::nn::Module& module) {
+  NamedTensors tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    tensors.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    tensors.emplace_back(item.key(), item.value());
+  }
+  return tensors;
+}
+
 void save_module_safetensors(const std::string& path, const torch::nn::Module& module) {
-  save_safetensors(path, state_dict_of(module), {{"format", "pt"}});
+  save_safetensors(path, module_state_dict(module), {{"format", "pt"}});
 }
 
 IncompatibleKeys load_module_safetensors(const std::string& path, torch::nn::Module& module,
                                          bool strict, bool allow_dtype_cast) {
-  const auto loaded = load_safetensors(path);
+  return load_module_state_dict(module, load_safetensors(path), strict, allow_dtype_cast,
+                                " from '" + path + "'");
+}
+
+IncompatibleKeys load_module_state_dict(torch::nn::Module& module, const NamedTensors& loaded,
+                                        bool strict, bool allow_dtype_cast,
+                                        const std::string& origin) {
   std::unordered_map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : loaded) by_name.emplace(name, &tensor);
 
-  const auto targets = state_dict_of(module);
+  const auto targets = module_state_dict(module);
 
   IncompatibleKeys keys;
   std::set<std::string> target_names;
@@ -106,8 +111,7 @@ IncompatibleKeys load_module_safetensors(const std::string& path, torch::nn::Mod
   if (!errors.empty()) {
     std::string joined;
     for (const auto& error : errors) joined += "\n\t" + error;
-    TORCH_CHECK(false, "Error(s) in loading state_dict for ", module.name(), " from '", path,
-                "':", joined);
+    TORCH_CHECK(false, "Error(s) in loading state_dict for ", module.name(), origin, ":", joined);
   }
 
   torch::NoGradGuard no_grad;

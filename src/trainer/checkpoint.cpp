@@ -1,19 +1,18 @@
 #include "trainer/checkpoint.h"
 
+#include "io/filesystem.h"
+
+#include "trainer/checkpoint_io.h"
+
 namespace mantissa::detail {
 
 std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts,
                             const FileFaults& faults) {
   const auto step = parts.state->global_step;
-  const std::string folder = begin_checkpoint(output_dir, step, /*shared_name=*/false);
-  try {
-    write_checkpoint_files(folder, parts, faults);
-    write_rng_state(folder, parts.process_index, parts.num_processes, faults);
-    return publish_checkpoint(output_dir, folder, step);
-  } catch (...) {
-    abandon_checkpoint(folder);
-    throw;
-  }
+  LocalCheckpointIO(faults).save(output_dir, step, [&](const std::string& folder) {
+    write_checkpoint_files(folder, parts, io::module_state_dict(*parts.model), faults);
+  });
+  return io::join_path(output_dir, checkpoint_name(step));
 }
 
 }  // namespace mantissa::detail

@@ -1,13 +1,8 @@
 #pragma once
 // The checkpoints the Trainer writes and reads: checkpoint_folder.h makes a folder appear whole
-// or not at all, checkpoint_files.h fills it and reads it back. `save_checkpoint` is the two in
-// order for a lone process.
-//
-// A data-parallel save runs the steps with the other processes in between: the writing process
-// begins the folder (`begin_checkpoint`) and writes the files (`write_checkpoint_files`), every
-// process adds its random state (`write_rng_state`), the writer publishes
-// (`publish_checkpoint`); a failure anywhere abandons the folder on every writer
-// (`abandon_checkpoint`).
+// or not at all, checkpoint_files.h fills it and reads it back, checkpoint_io.h runs the folder
+// protocol among the processes of a job. `save_checkpoint` is the three for a lone process and
+// the model's own state (what tests of the files call).
 
 #include <cstdint>
 #include <string>
@@ -18,7 +13,8 @@
 
 namespace mantissa::detail {
 
-/// Writes `output_dir/checkpoint-<state.global_step>` atomically and returns its path: a
+/// Writes `output_dir/checkpoint-<state.global_step>` atomically, with `parts.model`'s own
+/// state as model.safetensors, and returns its path: a
 /// failure (reported by `faults` or by the disk) leaves no new folder and the older checkpoints
 /// as they were. Python: HF's `Trainer._save_checkpoint`. Syncs.
 std::string save_checkpoint(const std::string& output_dir, const CheckpointParts& parts,

@@ -146,15 +146,26 @@ void load_fp8_state(const std::string& dir, fp8::Float8ScalingState& state) {
   loading(path, [&] { restore_fp8_state(io::load_torch_file(path), state); });
 }
 
+// Reads model.safetensors at `path` into the model: through `load_model_state` when given, else
+// straight into `model`'s tensors.
+void load_model_file(const std::string& path, const ModelStateLoader& load_model_state,
+                     torch::nn::Module& model) {
+  if (load_model_state) {
+    load_model_state(io::load_safetensors(path), " from '" + path + "'");
+  } else {
+    io::load_module_safetensors(path, model);
+  }
+}
+
 }  // namespace
 
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
-                            const FileFaults& faults) {
+                            const io::NamedTensors& model_state, const FileFaults& faults) {
   // Refused before anything is written: its optimizer.pt could not be checked when loaded.
   optimizer_state_kind(*parts.optimizer);
   const auto file = [&](const char* name) { return io::join_path(folder, name); };
   faults.writing(file("model.safetensors"));
-  io::save_module_safetensors(file("model.safetensors"), *parts.model);
+  io::save_safetensors(file("model.safetensors"), model_state, {{"format", "pt"}});
   {
     torch::serialize::OutputArchive archive;
     parts.optimizer->save(archive);
@@ -247,8 +258,9 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
     if (parts.check_state) parts.check_state(state);
     *parts.state = std::move(state);
   });
-  loading(file("model.safetensors"),
-          [&] { io::load_module_safetensors(file("model.safetensors"), *parts.model); });
+  loading(file("model.safetensors"), [&] {
+    load_model_file(file("model.safetensors"), parts.load_model_state, *parts.model);
+  });
   if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
   if (parts.optimizer != nullptr)
     loading(file("optimizer.pt"), [&] {
@@ -283,12 +295,14 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(rng_file, [&] { restore_rng_states(io::load_torch_file(rng_file)); });
 }
 
-void load_checkpoint_weights(const std::string& dir, torch::nn::Module& model,
+void load_checkpoint_weights(const std::string& dir, const ModelStateLoader& load_model_state,
                              amp::MasterWeights* masters) {
   TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint folder '", dir, "' does not exist");
   const auto file = [&](const char* name) { return io::join_path(dir, name); };
-  loading(file("model.safetensors"),
-          [&] { io::load_module_safetensors(file("model.safetensors"), model); });
+  loading(file("model.safetensors"), [&] {
+    const auto path = file("model.safetensors");
+    load_model_state(io::load_safetensors(path), " from '" + path + "'");
+  });
   if (masters == nullptr) return;
   if (!io::path_exists(file("master_weights.pt"))) {
     masters->copy_model_to_masters();

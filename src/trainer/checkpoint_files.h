@@ -28,6 +28,7 @@
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/fp8/scaling_state.h>
+#include <mantissa/io/state_dict.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>
@@ -36,9 +37,18 @@
 
 namespace mantissa::detail {
 
+/// Puts the tensors of a checkpoint's model.safetensors into the model; `origin` (" from
+/// '<file>'") names the file in errors. What a strategy's `load_model_state_dict` does.
+using ModelStateLoader =
+    std::function<void(const io::NamedTensors& state, const std::string& origin)>;
+
 /// Everything a checkpoint holds. `masters` may be null.
 struct CheckpointParts {
+  /// The model. The files see its state only through the strategy (`write_checkpoint_files`'s
+  /// `model_state`, `load_model_state`).
   torch::nn::Module* model = nullptr;
+  /// Loading: how model.safetensors goes into `model`; empty: straight into its tensors.
+  ModelStateLoader load_model_state;
   amp::MasterWeights* masters = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
   LrScheduler* scheduler = nullptr;
@@ -56,12 +66,13 @@ struct CheckpointParts {
   std::int64_t num_processes = 1;
 };
 
-/// Writes everything of `parts` into `folder` except the random state. A c10::ValueError naming
+/// Writes `model_state` (the model's full state, from the strategy) as model.safetensors and
+/// everything else of `parts` into `folder` except the random state. A c10::ValueError naming
 /// the optimizer's class, before any file is written, when optimizer.pt could not be checked on
 /// loading (optimizer_state_table.h). `faults.before_write` sees each path first. Python: HF's
 /// `Trainer._save_checkpoint` less the folder handling. Syncs (copies tensors to the host).
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
-                            const FileFaults& faults = {});
+                            const io::NamedTensors& model_state, const FileFaults& faults = {});
 
 /// Writes this process's random state (CPU and CUDA generators) and `num_processes` (key
 /// `world_size`) into `folder`: `rng_state.pth` for a lone process, else
@@ -96,11 +107,12 @@ std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
 /// + `_load_rng_state`. Syncs.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 
-/// Loads only the weights of a checkpoint into `model`, and into `masters` when not null (from
-/// master_weights.pt, so that they are exact; from the model when the file is absent). What
-/// `load_best_model_at_end` does. A missing or corrupt file raises a c10::Error naming it.
-/// Syncs.
-void load_checkpoint_weights(const std::string& checkpoint_dir, torch::nn::Module& model,
+/// Loads only the weights of a checkpoint: model.safetensors through `load_model_state`, and
+/// `masters` when not null (from master_weights.pt, so that they are exact; from the model when
+/// the file is absent). What `load_best_model_at_end` does. A missing or corrupt file raises a
+/// c10::Error naming it. Syncs.
+void load_checkpoint_weights(const std::string& checkpoint_dir,
+                             const ModelStateLoader& load_model_state,
                              amp::MasterWeights* masters);
 
 /// The arguments a checkpoint was saved with (`training_args.json`, read without validating

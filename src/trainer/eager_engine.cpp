@@ -19,9 +19,9 @@ bool EagerEngine::train_batch(const Batch& batch, std::int64_t in_group, bool bo
 
 void EagerEngine::forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients) {
   const auto& plan = parts_.plan;
-  parts_.strategy.before_forward(sync_gradients);
   torch::Tensor loss;
   {
+    const auto scope = parts_.strategy.forward_context({/*training=*/true, sync_gradients});
     amp::Autocast autocast(parts_.device.type(),
                            plan.autocast ? plan.compute_dtype : c10::kBFloat16, plan.autocast,
                            autocast_cache_);
@@ -107,7 +107,7 @@ bool EagerEngine::update() {
 
 void EagerEngine::clear_grads() {
   parts_.optimizer.zero_grad();
-  parts_.module.zero_grad();
+  parts_.strategy.zero_grad(parts_.module);
   if (parts_.masters != nullptr) parts_.masters->zero_grad();
 }
 

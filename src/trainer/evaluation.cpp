@@ -97,6 +97,7 @@ EvaluationResult run_evaluation(const EvaluationParts& parts, const BatchSource&
   for (std::int64_t begin = 0; begin < local_n; begin += batch_size) {
     const auto indices = shard.indices(begin, std::min(local_n, begin + batch_size));
     const auto batch = to_device(dataset.get_batch(indices), device, args.dataloader_pin_memory());
+    const auto scope = parts.strategy.forward_context({/*training=*/false, /*sync=*/false});
     const auto [loss, outputs] = loss_and_outputs(parts, batch, accumulator.keeps_rows());
     accumulator.add(loss, outputs.logits, labels_of(args, batch), indices.size());
   }

@@ -32,7 +32,7 @@ struct EvaluationParts {
   /// Empty to keep the logits as they are.
   const PreprocessLogitsFn& preprocess_logits;
   /// Each process evaluates its share, and the results are gathered.
-  const Strategy& strategy;
+  Strategy& strategy;
   /// The built-in metrics a user metric has replaced and that were warned about (once each
   /// per Trainer).
   std::set<std::string>& warned_replacements;

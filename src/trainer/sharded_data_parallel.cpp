@@ -32,7 +32,7 @@ std::string bytes_text(std::int64_t bytes) {
 
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<Collectives> collectives,
                                          const TrainingArguments& args)
-    : DataParallel(std::move(collectives), args) {}
+    : ProcessGroupStrategy(std::move(collectives), args) {}
 
 ShardedDataParallel::~ShardedDataParallel() = default;
 
@@ -47,8 +47,11 @@ void ShardedDataParallel::prepare_model(torch::nn::Module& module) {
   module_ = &module;
 }
 
-void ShardedDataParallel::before_forward(bool /*sync*/) {
-  TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: make_optimizer was not called");
+ForwardScope ShardedDataParallel::forward_context(const ForwardPass& pass) {
+  if (pass.training) {
+    TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: make_optimizer was not called");
+  }
+  return {};
 }
 
 void ShardedDataParallel::before_backward(const torch::Tensor& /*loss*/, bool sync) {
@@ -194,24 +197,26 @@ void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
   CheckpointParts unsharded = parts;
   unsharded.optimizer = whole.optimizer.optimizer.get();
   unsharded.masters = whole.masters.get();
-  DataParallel::save_checkpoint(output_dir, unsharded);
+  Strategy::save_checkpoint(output_dir, unsharded);
 }
 
 void ShardedDataParallel::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   OptimizerSetup whole;
-  const bool loaded = passed_everywhere([&] {
-    CheckpointParts here = parts;
-    here.optimizer = nullptr;
-    here.masters = nullptr;
-    if (rank() == 0) {
-      whole = unsharded_optimizer();
-      here.optimizer = whole.optimizer.optimizer.get();
-      here.masters = whole.masters.get();
-    }
-    detail::load_checkpoint(dir, here);
-  });
-  TORCH_CHECK_VALUE(loaded, "rank ", rank(), ": cannot resume from '", dir,
-                    "': another process could not load it (see rank 0's error)");
+  const auto through_strategy = loading_through_strategy(parts);
+  checkpoint_io().load(
+      dir,
+      [&] {
+        CheckpointParts here = through_strategy;
+        here.optimizer = nullptr;
+        here.masters = nullptr;
+        if (rank() == 0) {
+          whole = unsharded_optimizer();
+          here.optimizer = whole.optimizer.optimizer.get();
+          here.masters = whole.masters.get();
+        }
+        detail::load_checkpoint(dir, here);
+      },
+      /*whose_error=*/"rank 0's");
   sharded::FullOptimizerState full;
   if (rank() == 0) {
     const auto tensors = optimized_tensors(whole);

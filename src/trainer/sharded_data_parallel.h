@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "trainer/data_parallel.h"
+#include "trainer/process_group_strategy.h"
 #include "trainer/sharded/flat_parameters.h"
 #include "trainer/sharded/full_state.h"
 #include "trainer/sharded/gradient_reduce_scatter.h"
@@ -21,9 +21,9 @@ namespace mantissa::detail {
 /// optimizer state. Checkpoints hold the whole state (HF's FULL_STATE_DICT), gathered on rank 0,
 /// in the files an unsharded run writes: a single process and a DDP run resume them, and a
 /// sharded run resumes theirs, at any world size.
-class ShardedDataParallel final : public DataParallel {
+class ShardedDataParallel final : public ProcessGroupStrategy {
  public:
-  /// A strategy over the job `collectives` joined (see `DataParallel`).
+  /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`).
   ShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args);
   ~ShardedDataParallel() override;
 
@@ -32,7 +32,7 @@ class ShardedDataParallel final : public DataParallel {
   /// The same parameters everywhere and rank 0's weights and buffers copied to every process
   /// (FSDP's `sync_module_states`), once; buffers are not broadcast before each forward.
   void prepare_model(torch::nn::Module& module) override;
-  void before_forward(bool sync) override;
+  ForwardScope forward_context(const ForwardPass& pass) override;
   /// Arms the reduce-scatter hooks for a synced backward, else lets gradients accumulate.
   void before_backward(const torch::Tensor& loss, bool sync) override;
   bool run_step(const std::function<bool()>& step) const override;
@@ -61,7 +61,7 @@ class ShardedDataParallel final : public DataParallel {
   std::string describe_optimizer_state() const override;
 
   /// Gathers the whole optimizer state (and the masters) on rank 0, which writes them as an
-  /// unsharded run would; then `DataParallel`'s protocol. A collective.
+  /// unsharded run would; then the shared protocol. A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   /// Every process loads the model, scheduler, scaler, state and its random state; rank 0 reads
   /// the optimizer state (and masters) and cuts it into this run's shards. A collective.

@@ -17,12 +17,4 @@ torch::Tensor SingleProcess::epoch_order(std::int64_t num_examples, std::uint64_
                          torch::kLong);
 }
 
-void SingleProcess::save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
-  detail::save_checkpoint(output_dir, parts);
-}
-
-void SingleProcess::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
-  detail::load_checkpoint(dir, parts);
-}
-
 }  // namespace mantissa::detail

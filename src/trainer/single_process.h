@@ -1,6 +1,6 @@
 #pragma once
 // The strategy of a lone process: every collective is the value itself, the data order is one
-// shuffle, and the checkpoint is written by this process alone.
+// shuffle, and the checkpoint is written by this process alone (LocalCheckpointIO).
 
 #include "trainer/strategy.h"
 
@@ -40,16 +40,17 @@ class SingleProcess : public Strategy {
   }
 
   void prepare_model(torch::nn::Module&) override {}
-  void before_forward(bool) override {}
+  ForwardScope forward_context(const ForwardPass&) override { return {}; }
   void before_backward(const torch::Tensor&, bool) override {}
   bool run_step(const std::function<bool()>& step) const override { return step(); }
   std::optional<std::string> cuda_graph_blocker() const override { return std::nullopt; }
   void copy_scaler_from_rank0(amp::GradScaler&) const override {}
 
-  /// `detail::save_checkpoint`.
-  void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
-  /// `detail::load_checkpoint`.
-  void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
+ protected:
+  CheckpointIO& checkpoint_io() override { return checkpoint_io_; }
+
+ private:
+  LocalCheckpointIO checkpoint_io_;
 };
 
 }  // namespace mantissa::detail

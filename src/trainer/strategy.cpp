@@ -26,6 +26,36 @@ OptimizerSetup Strategy::make_optimizer(const TrainingArguments& args, torch::nn
   return setup;
 }
 
+io::NamedTensors Strategy::model_state_dict(const torch::nn::Module& module) const {
+  return io::module_state_dict(module);
+}
+
+void Strategy::load_model_state_dict(torch::nn::Module& module, const io::NamedTensors& state,
+                                     const std::string& origin) {
+  io::load_module_state_dict(module, state, /*strict=*/true, /*allow_dtype_cast=*/false, origin);
+}
+
+void Strategy::save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
+  const auto model_state = model_state_dict(*parts.model);
+  checkpoint_io().save(output_dir, parts.state->global_step, [&](const std::string& folder) {
+    write_checkpoint_files(folder, parts, model_state);
+  });
+}
+
+void Strategy::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
+  const auto here = loading_through_strategy(parts);
+  checkpoint_io().load(dir, [&] { detail::load_checkpoint(dir, here); });
+}
+
+CheckpointParts Strategy::loading_through_strategy(const CheckpointParts& parts) {
+  CheckpointParts here = parts;
+  torch::nn::Module* model = parts.model;
+  here.load_model_state = [this, model](const io::NamedTensors& state, const std::string& origin) {
+    load_model_state_dict(*model, state, origin);
+  };
+  return here;
+}
+
 torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params,
                                         double max_norm) {
   return mantissa::clip_grad_norm_(params, max_norm);

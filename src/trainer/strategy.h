@@ -26,11 +26,13 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
+#include <mantissa/io/state_dict.h>
 #include <mantissa/precision_plan.h>
 #include <mantissa/trainer_hooks.h>
 #include <mantissa/training_arguments.h>
 
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_io.h"
 #include "trainer/optimizer_factory.h"
 
 namespace mantissa::detail {
@@ -43,6 +45,37 @@ struct OptimizerSetup {
   std::unique_ptr<amp::MasterWeights> masters;
   /// The optimizer, its FusedAdamW view and the tensors it updates.
   TrainerOptimizer optimizer;
+};
+
+/// What a forward pass is run for, as `Strategy::forward_context` is told.
+struct ForwardPass {
+  /// A training micro-batch, whose backward follows; else an evaluation or prediction batch.
+  bool training = false;
+  /// Training only: the backward must leave the gradients agreed across the processes (the
+  /// last micro-batch of an accumulation group).
+  bool sync = false;
+};
+
+/// Held by the caller for the length of a forward pass; ends, when it goes out of scope, what
+/// `Strategy::forward_context` began (nothing for the strategies that keep whole parameters).
+/// Move-only.
+class ForwardScope {
+ public:
+  ForwardScope() = default;
+  /// Runs `on_exit` when the scope ends.
+  explicit ForwardScope(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+  ForwardScope(ForwardScope&& other) noexcept : on_exit_(std::move(other.on_exit_)) {
+    other.on_exit_ = nullptr;
+  }
+  ForwardScope& operator=(ForwardScope&&) = delete;
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+  ~ForwardScope() {
+    if (on_exit_) on_exit_();
+  }
+
+ private:
+  std::function<void()> on_exit_;
 };
 
 /// What spans processes, for the Trainer, its loop and its engines. Python: what HF's Trainer
@@ -118,10 +151,14 @@ class Strategy {
   /// built the same model, copies rank 0's weights everywhere and sets up gradient averaging.
   /// Python: what `DistributedDataParallel.__init__` does.
   virtual void prepare_model(torch::nn::Module& module) = 0;
-  /// Before the forward of a micro-batch; `sync`: its backward must leave the gradients agreed
-  /// across the processes (the last micro-batch of an accumulation group).
-  virtual void before_forward(bool sync) = 0;
-  /// Between the forward and the backward of a micro-batch (see `before_forward`).
+  /// Begins a forward pass of the model, for training or evaluation alike; the caller keeps
+  /// the returned scope until the forward's outputs exist. Data parallel readies its gradient
+  /// averaging for a training pass; a strategy that shards parameters gathers them here and
+  /// lets them go when the scope ends. Python: what DDP's and FSDP's `forward` do before and
+  /// after the module's own. A collective where it communicates.
+  virtual ForwardScope forward_context(const ForwardPass& pass) = 0;
+  /// Between the forward and the backward of a training micro-batch (`sync` as in
+  /// `ForwardPass`).
   virtual void before_backward(const torch::Tensor& loss, bool sync) = 0;
   /// Runs one training step (the engine's `train_batch`) and returns its result; a failure of
   /// the collectives inside it becomes an error that names this process and the likely cause.
@@ -134,6 +171,27 @@ class Strategy {
   /// Copies rank 0's loss-scaler state to every process, so that every process skips the same
   /// steps. Nothing alone.
   virtual void copy_scaler_from_rank0(amp::GradScaler& scaler) const = 0;
+
+  /// Clears the model's gradients after an update. Python: `model.zero_grad()` (FSDP's clears
+  /// this process's sharded gradients). No sync.
+  virtual void zero_grad(torch::nn::Module& module) { module.zero_grad(); }
+
+  // ---- the model's state ---------------------------------------------------------------------
+
+  /// The model's whole state, parameters then buffers under HF's names, as full tensors on the
+  /// processes that save (`should_save`); other processes may get an empty list. What
+  /// model.safetensors holds, in checkpoints and from `save_model`. By default the module's own
+  /// tensors. Python: `module.state_dict()`, or FSDP's `get_model_state_dict` with
+  /// `full_state_dict=True`. A collective where parameters are sharded: every process calls it.
+  /// No sync here (the tensors stay where they are).
+  virtual io::NamedTensors model_state_dict(const torch::nn::Module& module) const;
+  /// Loads `state` (full tensors, as `model_state_dict` gives them; every process passes the
+  /// whole state) into the model, strictly, checking everything before it copies anything;
+  /// `origin` (" from '<file>'") names the source in errors. Python:
+  /// `module.load_state_dict(state)`, or FSDP's `set_model_state_dict`. Syncs (host-to-device
+  /// copies).
+  virtual void load_model_state_dict(torch::nn::Module& module, const io::NamedTensors& state,
+                                     const std::string& origin);
 
   // ---- the optimizer and its update ---------------------------------------------------------
 
@@ -170,12 +228,20 @@ class Strategy {
 
   // ---- checkpoints ---------------------------------------------------------------------------
 
-  /// Writes `output_dir/checkpoint-<state.global_step>` atomically: among several processes
-  /// together (the writers write the files, every process adds its random state, and all
-  /// return only once it is published, or raise once it is abandoned everywhere).
-  virtual void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) = 0;
-  /// Restores `parts` from the checkpoint folder `dir`.
-  virtual void load_checkpoint(const std::string& dir, const CheckpointParts& parts) = 0;
+  /// Writes `output_dir/checkpoint-<state.global_step>` atomically through `checkpoint_io()`,
+  /// model.safetensors from `model_state_dict` (taken on every process first); among several
+  /// processes all return only once it is published, or raise once it is abandoned everywhere.
+  /// A strategy that holds state in pieces gathers it first. A collective.
+  virtual void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts);
+  /// Restores `parts` from the checkpoint folder `dir`, the model through
+  /// `load_model_state_dict`; every process learns whether all loaded. A collective.
+  virtual void load_checkpoint(const std::string& dir, const CheckpointParts& parts);
+
+ protected:
+  /// How this strategy's checkpoint folders come to exist.
+  virtual CheckpointIO& checkpoint_io() = 0;
+  /// `parts` with the model loaded through `load_model_state_dict`.
+  CheckpointParts loading_through_strategy(const CheckpointParts& parts);
 };
 
 /// The strategy the environment and `args` ask for: when a launcher started this process as

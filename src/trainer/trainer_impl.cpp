@@ -257,7 +257,12 @@ void Trainer::Impl::load_best_model() {
       "mantissa: loading the best model from {} ({} {})", dir,
       args_.resolved_metric_for_best_model(),
       state_.best_metric ? fmt::format("{:g}", *state_.best_metric) : std::string("unknown")));
-  detail::load_checkpoint_weights(dir, *module_, objects_.masters.get());
+  detail::load_checkpoint_weights(
+      dir,
+      [this](const io::NamedTensors& state, const std::string& origin) {
+        strategy_->load_model_state_dict(*module_, state, origin);
+      },
+      objects_.masters.get());
   strategy_->after_weights_loaded();
 }
 
@@ -307,9 +312,11 @@ void Trainer::Impl::finish_training() {
 }
 
 void Trainer::Impl::save_model(const std::string& dir) const {
-  if (!strategy_->should_save()) return;  // HF: only the processes that save write the model
+  // Every process hands over its part of the state; only those that save write it (HF).
+  const auto state = strategy_->model_state_dict(*module_);
+  if (!strategy_->should_save()) return;
   io::create_directories(dir);
-  io::save_module_safetensors(io::join_path(dir, "model.safetensors"), *module_);
+  io::save_safetensors(io::join_path(dir, "model.safetensors"), state, {{"format", "pt"}});
   args_.save_json(io::join_path(dir, "training_args.json"));
 }
 

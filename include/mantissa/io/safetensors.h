@@ -19,6 +19,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <mantissa/io/state_dict.h>
+
 namespace torch::nn {
 class Module;
 }  // namespace torch::nn
@@ -64,30 +66,13 @@ std::map<std::string, std::string> load_safetensors_metadata(const std::string& 
 /// `save_safetensors`.
 void save_module_safetensors(const std::string& path, const torch::nn::Module& module);
 
-/// The keys a non-strict load did not match. Python: the `_IncompatibleKeys(missing_keys,
-/// unexpected_keys)` that `module.load_state_dict(..., strict=False)` returns.
-struct IncompatibleKeys {
-  /// Parameters and buffers of the module that the file does not hold (left unchanged).
-  std::vector<std::string> missing_keys;
-  /// Tensors of the file that the module does not have (ignored).
-  std::vector<std::string> unexpected_keys;
-};
-
 /// Copies the tensors of a safetensors file into `module`'s existing parameters and buffers
-/// (under `torch::NoGradGuard`, onto their devices). Python:
+/// with `load_module_state_dict`, whose errors name the file. Python:
 /// `model.load_state_dict(safetensors.torch.load_file(path), strict=strict)`.
 ///
-/// Everything is checked before anything is copied, so a failed load leaves the module as it
-/// was. Errors use PyTorch's wording, prefixed with the file:
-/// - `strict` and names that do not match: "Missing key(s) in state_dict: "fc2.bias". " and
-///   "Unexpected key(s) in state_dict: "head.weight". " (always checked when `strict`);
-/// - a shape that differs (strict or not): "size mismatch for fc1.weight: copying a param with
-///   shape [4, 8] from checkpoint, the shape in current model is [16, 8]."
-/// - a dtype that differs, unless `allow_dtype_cast` (then the values are converted, as
-///   Python's `load_state_dict` always does): "dtype mismatch for fc1.weight: the checkpoint
-///   holds BFloat16, the model has Float".
-/// Returns the keys that did not match (both lists empty after a successful strict load).
-/// Syncs with the device of GPU parameters (host-to-device copies).
+/// The file is read and checked whole before anything is copied, so a failed load leaves the
+/// module as it was. Returns the keys that did not match. Syncs with the device of GPU
+/// parameters (host-to-device copies).
 IncompatibleKeys load_module_safetensors(const std::string& path, torch::nn::Module& module,
                                          bool strict = true, bool allow_dtype_cast = false);
 
