@@ -110,40 +110,9 @@ void load_masters(const std::string& path, amp::MasterWeights& masters) {
   });
 }
 
-c10::IValue fp8_state_value(const fp8::Float8ScalingState& state) {
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& item : state.state_dict()) dict.insert(item.key(), item.value());
-  return dict;
-}
-
-void restore_fp8_state(const c10::IValue& value, fp8::Float8ScalingState& state) {
-  TORCH_CHECK_VALUE(value.isGenericDict(), "fp8_state.pt does not hold a dict");
-  torch::OrderedDict<std::string, at::Tensor> saved;
-  for (const auto& entry : value.toGenericDict()) {
-    TORCH_CHECK_VALUE(entry.key().isString() && entry.value().isTensor(),
-                      "fp8_state.pt must map names to tensors");
-    saved.insert(entry.key().toStringRef(), entry.value().toTensor());
-  }
-  state.load_state_dict(saved);
-}
-
-// A checkpoint without fp8_state.pt: lost, if its run kept one; otherwise this run switches the
-// delayed recipe on (or back on) and its scales start afresh.
-void load_fp8_state(const std::string& dir, fp8::Float8ScalingState& state) {
-  const auto path = io::join_path(dir, "fp8_state.pt");
-  if (!io::path_exists(path)) {
-    const auto saved = load_checkpoint_arguments(dir);
-    const bool had_state =
-        saved && saved->fp8() && saved->fp8_recipe() == fp8::ScalingRecipe::kDelayed;
-    TORCH_CHECK(!had_state, "checkpoint file '", shorten_path(path),
-                "' is missing, but the checkpoint's training_args.json says its run used "
-                "--fp8 with the delayed recipe, which saves its amax history and scales there");
-    TORCH_WARN("the checkpoint '", shorten_path(dir),
-               "' has no fp8_state.pt (it was saved without the delayed FP8 recipe), so the FP8 "
-               "scales start afresh at 1.0 and the amax history empty");
-    return;
-  }
-  loading(path, [&] { restore_fp8_state(io::load_torch_file(path), state); });
+const SavedStates& saved_states_of(const CheckpointParts& parts) {
+  static const SavedStates kNone;
+  return parts.saved_states != nullptr ? *parts.saved_states : kNone;
 }
 
 // Reads model.safetensors at `path` into the model: through `load_model_state` when given, else
@@ -180,10 +149,10 @@ void write_checkpoint_files(const std::string& folder, const CheckpointParts& pa
     parts.masters->save(archive);
     write_archive(file("master_weights.pt"), archive, faults);
   }
-  if (parts.fp8_state != nullptr) {
-    const auto bytes = io::torch_save_bytes(fp8_state_value(*parts.fp8_state));
-    faults.writing(file("fp8_state.pt"));
-    io::write_file_atomically(file("fp8_state.pt"), std::string_view(bytes.data(), bytes.size()));
+  for (const auto& piece : saved_states_of(parts)) {
+    const auto bytes = piece.save();
+    faults.writing(io::join_path(folder, piece.file));
+    io::write_file_atomically(io::join_path(folder, piece.file), bytes);
   }
   write_text(file("trainer_state.json"), parts.state->to_json(), faults);
   write_text(file("training_args.json"), parts.args->to_json(), faults);
@@ -274,7 +243,14 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(file("scaler.pt"), [&] {
     if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
   });
-  if (parts.fp8_state != nullptr) load_fp8_state(dir, *parts.fp8_state);
+  for (const auto& piece : saved_states_of(parts)) {
+    const auto path = io::join_path(dir, piece.file);
+    if (io::path_exists(path)) {
+      loading(path, [&] { piece.load(path); });
+    } else {
+      piece.load_missing(dir);
+    }
+  }
   const auto saved_processes = saved_process_count(dir);
   const auto rng_name =
       rng_state_to_restore(parts.process_index, parts.num_processes, saved_processes);

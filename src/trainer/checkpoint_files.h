@@ -7,8 +7,9 @@
 //     scheduler.pt           the LR scheduler (torch.save format, LambdaLR's keys)
 //     scaler.pt              the GradScaler (torch.save format, PyTorch's keys)
 //     master_weights.pt      fp32 master weights, when the model is low-precision
-//     fp8_state.pt           the delayed FP8 recipe's amax history and scales (torch.save
-//                            format: {"amax_history", "scale"}), with --fp8 --fp8_recipe delayed
+//     <registered files>     one per piece of the run's saved-state registry
+//                            (trainer/saved_state.h), such as fp8_state.pt with
+//                            --fp8 --fp8_recipe delayed
 //     rng_state.pth          CPU and CUDA generator states (torch.save format); with several
 //                            processes one rng_state_<rank>.pth each
 //     trainer_state.json     TrainerState
@@ -27,13 +28,13 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
-#include <mantissa/fp8/scaling_state.h>
 #include <mantissa/io/state_dict.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer_callback.h>
 #include <mantissa/training_arguments.h>
 
 #include "trainer/checkpoint_faults.h"
+#include "trainer/saved_state.h"
 
 namespace mantissa::detail {
 
@@ -55,8 +56,8 @@ struct CheckpointParts {
   amp::GradScaler* scaler = nullptr;
   TrainerState* state = nullptr;
   const TrainingArguments* args = nullptr;
-  /// The delayed FP8 recipe's state (`--fp8 --fp8_recipe delayed`); null otherwise.
-  fp8::Float8ScalingState* fp8_state = nullptr;
+  /// The run's registered pieces of state, each with a file of its own; null for none.
+  const SavedStates* saved_states = nullptr;
   /// Loading only: called with the saved TrainerState before anything else is restored; it
   /// throws when the state cannot continue in this run (the model is left untouched then).
   std::function<void(const TrainerState&)> check_state;
@@ -98,10 +99,8 @@ std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
 
 /// Restores everything from a checkpoint folder; a null `parts.optimizer` leaves optimizer.pt
 /// unread (a sharded run reads it on rank 0 alone). A missing or corrupt file raises a
-/// c10::Error naming the file. With `fp8_state`, a checkpoint without fp8_state.pt is refused
-/// when its training_args.json says it trained with the delayed FP8 recipe (the file was lost),
-/// and otherwise (a run without FP8 or with current scaling) continues from fresh scales, with a
-/// warning. The random state comes from the file `rng_state_to_restore` names: a process the
+/// c10::Error naming the file. Each registered piece of `saved_states` loads its file, or
+/// decides what a checkpoint without it means (`SavedState::load_missing`). The random state comes from the file `rng_state_to_restore` names: a process the
 /// saving run did not have starts afresh with a warning; one that it had and whose file is
 /// missing is an error. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler`
 /// + `_load_rng_state`. Syncs.

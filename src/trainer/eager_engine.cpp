@@ -57,18 +57,16 @@ void EagerEngine::update_on_device(bool with_callbacks) {
   } else {
     scaler.update(args.loss_scale());
   }
-  update_fp8_scales();
+  run_after_step_hooks();
   parts_.loss_window.count_update();
 }
 
-void EagerEngine::update_fp8_scales() {
-  auto* state = parts_.fp8_state;
-  if (state == nullptr) return;
-  // Every micro-batch of the group has recorded its amaxes into row 0 by now; a skipped step
-  // updates too (TE does), so an overflow's inf amax leaves the scale as it was.
-  fp8::all_reduce_amaxes_(*state,
-                          [this](at::Tensor& amaxes) { parts_.strategy.max_all_reduce_(amaxes); });
-  state->update_();
+void EagerEngine::run_after_step_hooks() {
+  if (parts_.saved_states == nullptr) return;
+  const StepServices services{[this](at::Tensor& t) { parts_.strategy.max_all_reduce_(t); }};
+  for (const auto& piece : *parts_.saved_states) {
+    if (piece.after_optimizer_step) piece.after_optimizer_step(services);
+  }
 }
 
 bool EagerEngine::update_on_host(const torch::Tensor& scale_before, bool zero_grads) {

@@ -59,8 +59,8 @@ class EagerEngine final : public StepEngine {
   void disable_autocast_cache() noexcept { autocast_cache_ = false; }
 
  private:
-  /// The delayed FP8 recipe's step: one max all-reduce of the amaxes, then new scales.
-  void update_fp8_scales();
+  /// Each registered piece of state's `after_optimizer_step`, in order.
+  void run_after_step_hooks();
 
   StepParts parts_;
   bool fused_writes_back_;  // FusedAdamW casts the masters into the model in its own pass

@@ -16,7 +16,6 @@
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
 #include <mantissa/batch.h>
-#include <mantissa/fp8/scaling_state.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/precision_plan.h>
@@ -24,6 +23,7 @@
 #include "trainer/callback_handler.h"
 #include "trainer/loss_window.h"
 #include "trainer/progress.h"
+#include "trainer/saved_state.h"
 #include "trainer/strategy.h"
 
 namespace mantissa::detail {
@@ -53,9 +53,9 @@ struct StepParts {
   Progress& progress;
   /// What spans processes: called around each micro-batch's forward and backward.
   Strategy& strategy;
-  /// The delayed FP8 recipe's amax history and scales (`--fp8 --fp8_recipe delayed`), updated
-  /// once per optimizer update; null otherwise.
-  fp8::Float8ScalingState* fp8_state = nullptr;
+  /// The run's registered pieces of state, whose `after_optimizer_step` runs after each
+  /// optimizer update; null for none.
+  const SavedStates* saved_states = nullptr;
 };
 
 /// Runs micro-batches and optimizer updates for the training loop. Python: the body of

@@ -165,7 +165,7 @@ detail::CheckpointParts Trainer::Impl::checkpoint_parts() {
   parts.args = &args_;
   parts.process_index = strategy_->rank();
   parts.num_processes = strategy_->world_size();
-  parts.fp8_state = objects_.fp8 ? objects_.fp8->state.get() : nullptr;
+  parts.saved_states = &objects_.saved_states;
   return parts;
 }
 
@@ -191,7 +191,7 @@ detail::StepParts Trainer::Impl::step_parts(detail::LossWindow& loss_window) {
                            loss_window,
                            *progress_,
                            *strategy_,
-                           objects_.fp8 ? objects_.fp8->state.get() : nullptr};
+                           &objects_.saved_states};
 }
 // ---- logging, evaluation, saving ------------------------------------------------------------
 

@@ -23,6 +23,7 @@
 #include "trainer/optimizer_factory.h"
 #include "trainer/progress.h"
 #include "trainer/run_schedule.h"
+#include "trainer/saved_state.h"
 #include "trainer/step_engine.h"
 #include "trainer/strategy.h"
 
@@ -49,6 +50,9 @@ struct TrainingObjects {
   amp::GradScaler scaler{amp::GradScalerOptions().enabled(false)};
   /// With `--fp8`: what converting the model did, and the delayed recipe's state.
   std::optional<fp8::Float8Conversion> fp8;
+  /// The pieces of state with files of their own in checkpoints (the delayed FP8 scales),
+  /// registered as prepare() creates them.
+  detail::SavedStates saved_states;
 };
 
 /// The Trainer's objects and the steps that wire them together. Reached only through

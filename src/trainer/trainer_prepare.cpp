@@ -5,6 +5,7 @@
 
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
+#include "fp8/fp8_saved_state.h"
 #include "trainer/precision_plan.h"
 #include "trainer/trainer_impl.h"
 
@@ -75,6 +76,9 @@ void Trainer::Impl::convert_to_fp8() {
                     "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
   plan_.fp8_layers = conversion.describe();
   objects_.fp8 = std::move(conversion);
+  if (objects_.fp8->state) {
+    objects_.saved_states.push_back(fp8::fp8_saved_state(*objects_.fp8->state));
+  }
 }
 
 void Trainer::Impl::enable_gradient_checkpointing() {
