@@ -146,7 +146,7 @@ set(MANTISSA_CXX_SOURCES
   src/distributed/sampler.cpp
   src/distributed/process_group.cpp
   src/distributed/rendezvous_checks.cpp
-  src/fp8/fp8_saved_state.cpp
+  src/fp8/trainer_fp8.cpp
   src/fp8/recipe.cpp
   src/fp8/cast.cpp
   src/fp8/scaling_state.cpp

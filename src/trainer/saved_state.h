@@ -4,7 +4,7 @@
 // stateful piece of a run describes itself once, with its file, how it saves and loads, and
 // what it does after each optimizer update. The checkpoint files and the step engine walk the
 // list and name no piece. The delayed FP8 recipe's scales are the first such piece
-// (src/fp8/fp8_saved_state.cpp), as torchtitan's model converters carry their own state.
+// (src/fp8/trainer_fp8.cpp), as torchtitan's model converters carry their own state.
 
 #include <functional>
 #include <string>

@@ -5,7 +5,7 @@
 
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
-#include "fp8/fp8_saved_state.h"
+#include "fp8/trainer_fp8.h"
 #include "trainer/precision_plan.h"
 #include "trainer/trainer_impl.h"
 
@@ -64,16 +64,7 @@ void Trainer::Impl::prepare() {
 }
 
 void Trainer::Impl::convert_to_fp8() {
-  const bool own_filter = static_cast<bool>(hooks_.float8_filter);
-  auto conversion = fp8::convert_to_float8_training(
-      *module_, *plan_.fp8, own_filter ? hooks_.float8_filter : fp8::default_float8_filter);
-  TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
-                    "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
-                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers ",
-                    own_filter ? "that the filter of set_float8_filter accepts"
-                               : "other than its first and last linear layer, whose dimensions "
-                                 "are multiples of 16",
-                    "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
+  auto conversion = fp8::convert_for_trainer(*module_, *plan_.fp8, hooks_.float8_filter);
   plan_.fp8_layers = conversion.describe();
   objects_.fp8 = std::move(conversion);
   if (objects_.fp8->state) {

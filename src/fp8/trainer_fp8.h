@@ -1,6 +1,8 @@
 #pragma once
-// The delayed FP8 recipe's entry in the Trainer's registry of saved state (trainer/saved_state.h).
+// `--fp8` as the Trainer applies it: the model converted, and the delayed recipe's state as an
+// entry of the Trainer's registry of saved state (trainer/saved_state.h).
 
+#include <mantissa/fp8/convert.h>
 #include <mantissa/fp8/scaling_state.h>
 
 #include "trainer/saved_state.h"
@@ -14,5 +16,12 @@ namespace mantissa::fp8 {
 /// training_args.json says it trained with the delayed recipe (the file was lost); otherwise the
 /// scales start afresh, with a warning. `state` must outlive the entry.
 detail::SavedState fp8_saved_state(Float8ScalingState& state);
+
+/// `--fp8` for the Trainer: `convert_to_float8_training(module, recipe, filter)` with the
+/// user's `filter` (`set_float8_filter`), or the default filter when it is empty. Throws
+/// `c10::ValueError`, naming the flag and which filter refused them, when no layer can run in
+/// FP8. No sync.
+Float8Conversion convert_for_trainer(torch::nn::Module& module, const Float8Recipe& recipe,
+                                     const Float8Filter& filter);
 
 }  // namespace mantissa::fp8

@@ -1,4 +1,4 @@
-#include "fp8/fp8_saved_state.h"
+#include "fp8/trainer_fp8.h"
 
 #include <c10/util/Exception.h>
 
@@ -62,6 +62,21 @@ detail::SavedState fp8_saved_state(Float8ScalingState& state) {
     state.update_();
   };
   return entry;
+}
+
+Float8Conversion convert_for_trainer(torch::nn::Module& module, const Float8Recipe& recipe,
+                                     const Float8Filter& filter) {
+  const bool own_filter = static_cast<bool>(filter);
+  auto conversion =
+      convert_to_float8_training(module, recipe, own_filter ? filter : default_float8_filter);
+  TORCH_CHECK_VALUE(!conversion.float8_layers.empty(),
+                    "--fp8: no layer of this model can run in FP8 (", conversion.describe(),
+                    "). FP8 runs the matmuls of the model's mantissa::fp8::Float8Linear layers ",
+                    own_filter ? "that the filter of set_float8_filter accepts"
+                               : "other than its first and last linear layer, whose dimensions "
+                                 "are multiples of 16",
+                    "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
+  return conversion;
 }
 
 }  // namespace mantissa::fp8
