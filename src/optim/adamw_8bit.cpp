@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
@@ -41,14 +42,45 @@ bool quantised_for(const at::Tensor& p, int64_t block_size) {
   return p.numel() >= kMinQuantisedNumel && p.numel() % block_size == 0;
 }
 
-// `values` (fp32) as codes of `qmap` and per-block scales, each value rounded to the nearer of the
-// two codes around it (ties up).
+// The code of `x` (already divided by its block's scale) in the sorted 256-entry `qmap`: the
+// largest code whose value is <= x, found by halving steps (0 below the map and for NaN, as
+// torchao's search gives), then moved up one where x is at least halfway to the next value.
+inline uint8_t code_of(float x, const float* qmap) {
+  int code = 0;
+  for (int step = 128; step >= 1; step /= 2) {
+    // Branch-free (the comparison is a coin toss for the predictor); code + step <= 255.
+    code += step * static_cast<int>(x >= qmap[code + step]);
+  }
+  const int up = code < 255 ? code + 1 : 255;
+  const float down_value = qmap[code];
+  const float up_value = qmap[up];
+  return static_cast<uint8_t>(x - down_value >= (up_value - down_value) * 0.5f ? up : code);
+}
+
+// `values` (fp32) as codes of `qmap` and per-block scales (the block's largest magnitude), each
+// value rounded to the nearer of the two codes around it (ties up). No device sync.
 std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, const at::Tensor& qmap,
                                            int64_t block_size) {
   auto blocks = values.reshape({-1, block_size});
   auto scale = blocks.abs().amax(-1).clamp_min(1e-12);
+  if (values.is_cpu()) {
+    // One pass per block; ATen's search over the map takes ~100x longer on the CPU.
+    const auto flat = values.contiguous();
+    auto codes = at::empty(values.sizes(), values.options().dtype(at::kByte));
+    const float* in = flat.const_data_ptr<float>();
+    const float* scales = scale.const_data_ptr<float>();
+    const float* map = qmap.const_data_ptr<float>();
+    uint8_t* out = codes.mutable_data_ptr<uint8_t>();
+    at::parallel_for(0, scale.numel(), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        for (int64_t i = b * block_size; i < (b + 1) * block_size; ++i) {
+          out[i] = code_of(in[i] / scales[b], map);
+        }
+      }
+    });
+    return {codes, scale};
+  }
   auto scaled = (blocks / scale.view({-1, 1})).view(values.sizes());
-  // The largest code whose value is <= the input (code 0 below the map).
   auto down = at::searchsorted(qmap, scaled, /*out_int32=*/false, /*right=*/true)
                   .sub_(1)
                   .clamp_(0, 255);
@@ -60,6 +92,23 @@ std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, const at::T
 }
 
 at::Tensor dequantise(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& qmap) {
+  if (codes.is_cpu()) {
+    auto out = at::empty(codes.sizes(), scale.options());
+    const auto flat = codes.contiguous();
+    const uint8_t* in = flat.const_data_ptr<uint8_t>();
+    const float* scales = scale.const_data_ptr<float>();
+    const float* map = qmap.const_data_ptr<float>();
+    float* values = out.mutable_data_ptr<float>();
+    const int64_t block_size = codes.numel() / scale.numel();
+    at::parallel_for(0, scale.numel(), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        for (int64_t i = b * block_size; i < (b + 1) * block_size; ++i) {
+          values[i] = map[in[i]] * scales[b];
+        }
+      }
+    });
+    return out;
+  }
   return (qmap.index({codes.to(at::kInt)}).view({scale.size(0), -1}) * scale.view({-1, 1}))
       .view(codes.sizes());
 }
