@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -43,24 +44,52 @@ bool quantised_for(const at::Tensor& p, int64_t block_size) {
 }
 
 // The code of `x` (already divided by its block's scale) in the sorted 256-entry `qmap`: the
-// largest code whose value is <= x, found by halving steps (0 below the map and for NaN, as
-// torchao's search gives), then moved up one where x is at least halfway to the next value.
-inline uint8_t code_of(float x, const float* qmap) {
-  int code = 0;
-  for (int step = 128; step >= 1; step /= 2) {
-    // Branch-free (the comparison is a coin toss for the predictor); code + step <= 255.
-    code += step * static_cast<int>(x >= qmap[code + step]);
+// largest code whose value is <= x (0 below the map and for NaN, as torchao's halving search
+// gives), then moved up one where x is at least halfway to the next value.
+//
+// `start` maps the upper 16 bits of a float (its bf16 bucket) to the code of the smallest value
+// in that bucket, so that only the map values inside the bucket remain to be stepped over (at
+// most a few near zero, where the map is densest).
+struct CodeFinder {
+  const float* qmap;
+  std::vector<uint8_t> start;
+
+  explicit CodeFinder(const float* map) : qmap(map), start(size_t{1} << 16) {
+    for (uint32_t bucket = 0; bucket < (1u << 16); ++bucket) {
+      // The smallest value of the bucket: its low bits zero if positive, all ones if negative.
+      const uint32_t bits = (bucket << 16) | ((bucket & 0x8000u) != 0 ? 0xFFFFu : 0u);
+      float lowest;
+      std::memcpy(&lowest, &bits, sizeof lowest);
+      int code = 0;
+      for (int step = 128; step >= 1; step /= 2) {
+        if (lowest >= qmap[code + step]) code += step;
+      }
+      start[bucket] = static_cast<uint8_t>(code);
+    }
   }
-  const int up = code < 255 ? code + 1 : 255;
-  const float down_value = qmap[code];
-  const float up_value = qmap[up];
-  return static_cast<uint8_t>(x - down_value >= (up_value - down_value) * 0.5f ? up : code);
+
+  uint8_t operator()(float x) const {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    int code = start[bits >> 16];
+    while (code < 255 && x >= qmap[code + 1]) ++code;
+    const int up = code < 255 ? code + 1 : 255;
+    const float down_value = qmap[code];
+    const float up_value = qmap[up];
+    return static_cast<uint8_t>(x - down_value >= (up_value - down_value) * 0.5f ? up : code);
+  }
+};
+
+const CodeFinder& code_finder(bool is_signed) {
+  static const CodeFinder signed_finder(cpu_qmap(true).const_data_ptr<float>());
+  static const CodeFinder unsigned_finder(cpu_qmap(false).const_data_ptr<float>());
+  return is_signed ? signed_finder : unsigned_finder;
 }
 
 // `values` (fp32) as codes of `qmap` and per-block scales (the block's largest magnitude), each
 // value rounded to the nearer of the two codes around it (ties up). No device sync.
-std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, const at::Tensor& qmap,
-                                           int64_t block_size) {
+std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, bool is_signed,
+                                           const at::Tensor& qmap, int64_t block_size) {
   auto blocks = values.reshape({-1, block_size});
   auto scale = blocks.abs().amax(-1).clamp_min(1e-12);
   if (values.is_cpu()) {
@@ -69,12 +98,12 @@ std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, const at::T
     auto codes = at::empty(values.sizes(), values.options().dtype(at::kByte));
     const float* in = flat.const_data_ptr<float>();
     const float* scales = scale.const_data_ptr<float>();
-    const float* map = qmap.const_data_ptr<float>();
+    const auto& code_of = code_finder(is_signed);
     uint8_t* out = codes.mutable_data_ptr<uint8_t>();
     at::parallel_for(0, scale.numel(), 16, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         for (int64_t i = b * block_size; i < (b + 1) * block_size; ++i) {
-          out[i] = code_of(in[i] / scales[b], map);
+          out[i] = code_of(in[i] / scales[b]);
         }
       }
     });
@@ -258,8 +287,8 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
       const auto m = m_old.lerp(g32, 1 - beta1);
       const auto v = v_old.lerp(g32.square(), 1 - beta2);
       if (quantised) {
-        auto [m_codes, m_scale] = quantise(m, signed_map, o.block_size());
-        auto [v_codes, v_scale] = quantise(v, unsigned_map, o.block_size());
+        auto [m_codes, m_scale] = quantise(m, /*is_signed=*/true, signed_map, o.block_size());
+        auto [v_codes, v_scale] = quantise(v, /*is_signed=*/false, unsigned_map, o.block_size());
         state.exp_avg_codes().copy_(m_codes);
         state.exp_avg_scale().copy_(m_scale);
         state.exp_avg_sq_codes().copy_(v_codes);
