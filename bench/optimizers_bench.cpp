@@ -41,7 +41,8 @@ Model make_model(int64_t w) {
     m.params.push_back(torch::randn(shape).mul_(0.02).requires_grad_());
   };
   add("embed.weight", {4096, w});
-  for (const char* n : {"q", "k", "v", "o"}) add(std::string("blocks.0.attn.") + n + ".weight", {w, w});
+  for (const char* n : {"q", "k", "v", "o"})
+    add(std::string("blocks.0.attn.") + n + ".weight", {w, w});
   add("blocks.0.mlp.fc.weight", {4 * w, w});
   add("blocks.0.mlp.fc.bias", {4 * w});
   add("blocks.0.mlp.proj.weight", {w, 4 * w});
@@ -52,7 +53,8 @@ Model make_model(int64_t w) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> build(const std::string& name, const Model& m) {
-  const auto args = mantissa::TrainingArguments().optim(name).learning_rate(1e-3).weight_decay(0.01);
+  const auto args =
+      mantissa::TrainingArguments().optim(name).learning_rate(1e-3).weight_decay(0.01);
   mantissa::optim::OptimizerBuildInputs inputs{args, {}, /*first_group_decays=*/true};
   std::vector<torch::Tensor> decay, no_decay;
   std::vector<std::string> decay_names, no_decay_names;
@@ -113,10 +115,11 @@ int main(int argc, char** argv) {
     }
   }
   const double adamw = mantissa_bench::median(times["adamw_torch"]);
-  std::printf("%lld parameters (width %lld), %d threads, %d interleaved repeats, CPU caching "
-              "allocator %s\n",
-              static_cast<long long>(numel), static_cast<long long>(width),
-              at::get_num_threads(), repeats, cached ? "on" : "off");
+  std::printf(
+      "%lld parameters (width %lld), %d threads, %d interleaved repeats, CPU caching "
+      "allocator %s\n",
+      static_cast<long long>(numel), static_cast<long long>(width), at::get_num_threads(), repeats,
+      cached ? "on" : "off");
   std::printf("%-20s %12s %12s %16s\n", "optim", "step ms", "vs adamw", "state bytes/param");
   std::string json = "{";
   for (std::size_t k = 0; k < names.size(); ++k) {
@@ -127,7 +130,7 @@ int main(int argc, char** argv) {
             ", \"vs_adamw\": " + std::to_string(t / adamw) +
             ", \"state_bytes_per_param\": " + std::to_string(per_param) + "}";
   }
-  std::printf("%s, \"numel\": %lld, \"threads\": %d}\n", json.c_str(), static_cast<long long>(numel),
-              at::get_num_threads());
+  std::printf("%s, \"numel\": %lld, \"threads\": %d}\n", json.c_str(),
+              static_cast<long long>(numel), at::get_num_threads());
   return 0;
 }

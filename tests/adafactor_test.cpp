@@ -25,9 +25,7 @@ using ::testing::ThrowsMessage;
 
 torch::Tensor from_values(const nlohmann::json& values, const std::vector<int64_t>& shape,
                           c10::ScalarType dtype) {
-  return torch::tensor(values.get<std::vector<double>>(), torch::kDouble)
-      .reshape(shape)
-      .to(dtype);
+  return torch::tensor(values.get<std::vector<double>>(), torch::kDouble).reshape(shape).to(dtype);
 }
 
 // The largest |a - b| relative to max(1, |b|).
@@ -98,14 +96,14 @@ TEST(AdafactorTest, MatchesHfAdafactorOverTwentySteps) {
           *optimizer->state().at(params[i].unsafeGetTensorImpl()));
       EXPECT_EQ(state.step(), p["step"].get<int64_t>());
       const std::map<std::string, torch::Tensor> ours{{"exp_avg_sq_row", state.exp_avg_sq_row()},
-                                                     {"exp_avg_sq_col", state.exp_avg_sq_col()},
-                                                     {"exp_avg_sq", state.exp_avg_sq()},
-                                                     {"exp_avg", state.exp_avg()}};
+                                                      {"exp_avg_sq_col", state.exp_avg_sq_col()},
+                                                      {"exp_avg_sq", state.exp_avg_sq()},
+                                                      {"exp_avg", state.exp_avg()}};
       for (const auto& [key, tensor] : ours) {
         ASSERT_EQ(tensor.defined(), p["state"].contains(key)) << p["name"] << " " << key;
         if (!tensor.defined()) continue;
-        const auto expected_state = from_values(p["state"][key]["values"],
-                                                p["state"][key]["shape"], torch::kFloat);
+        const auto expected_state =
+            from_values(p["state"][key]["values"], p["state"][key]["shape"], torch::kFloat);
         ASSERT_EQ(tensor.sizes(), expected_state.sizes()) << key;
         EXPECT_EQ(tensor.scalar_type(), torch::kFloat) << key;
         if (dtype != torch::kBFloat16) {
@@ -134,9 +132,9 @@ TEST(AdafactorTest, RefusesBadOptionsNamingTheValue) {
   EXPECT_THAT(error("beta1=1.5"),
               ThrowsMessage<c10::ValueError>(HasSubstr("beta1 must be in [0, 1] or None")));
   EXPECT_THAT(error("relative_step=True"),
-              ThrowsMessage<c10::ValueError>(HasSubstr(
-                  "optim adafactor does not take 'relative_step' (it takes beta1, "
-                  "clip_threshold, decay_rate, eps)")));
+              ThrowsMessage<c10::ValueError>(
+                  HasSubstr("optim adafactor does not take 'relative_step' (it takes beta1, "
+                            "clip_threshold, decay_rate, eps)")));
   EXPECT_THAT(error("eps=abc"), ThrowsMessage<c10::ValueError>(
                                     HasSubstr("optim_args: eps=abc is not a finite number")));
   EXPECT_THAT(error("beta1"), ThrowsMessage<c10::ValueError>(

@@ -100,26 +100,27 @@ TEST(AdamW8bitTest, MatchesTorchaoAdamW8bitOverTwentySteps) {
           codes_off += diff.ne(0).sum().item<int64_t>();
           codes_total += diff.numel();
           const auto their_scale = doubles(p[key + "_scale"]);
-          worst_scale = std::max(
-              worst_scale,
-              ((scale.to(torch::kDouble) - their_scale).abs() / their_scale.abs().clamp_min(1e-30))
-                  .max()
-                  .item<double>());
+          worst_scale = std::max(worst_scale, ((scale.to(torch::kDouble) - their_scale).abs() /
+                                               their_scale.abs().clamp_min(1e-30))
+                                                  .max()
+                                                  .item<double>());
         } else {
           const auto theirs = doubles(p[key]);
-          worst_plain = std::max(worst_plain, (plain.to(torch::kDouble).flatten() - theirs).abs().max().item<double>());
+          worst_plain =
+              std::max(worst_plain,
+                       (plain.to(torch::kDouble).flatten() - theirs).abs().max().item<double>());
         }
       }
       const auto final = doubles(p["final"]);
-      const double worst_param = (params[k].to(torch::kDouble).flatten() - final).abs().max().item<double>();
+      const double worst_param =
+          (params[k].to(torch::kDouble).flatten() - final).abs().max().item<double>();
       // The golden file holds torchao's compiled step, whose fused fp32 arithmetic rounds a few
       // elements differently from the eager ATen ops here (torchao's own eager step, written
       // with TORCHDYNAMO_DISABLE=1, matches this one bit for bit). Over 20 steps that left the
       // codes equal and moved one parameter element by 1.8e-5 (decay_betas, w1); bf16 parameters
       // round those differences away.
-      const double param_tolerance = dtype == torch::kBFloat16
-                                         ? final.abs().max().item<double>() * std::ldexp(1.0, -8)
-                                         : 5e-5;
+      const double param_tolerance =
+          dtype == torch::kBFloat16 ? final.abs().max().item<double>() * std::ldexp(1.0, -8) : 5e-5;
       EXPECT_LE(worst_param, param_tolerance);
       EXPECT_LE(worst_scale, 1e-5);
       EXPECT_LE(worst_plain, 1e-6);

@@ -72,12 +72,13 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
       params.push_back(pattern(shapes[k], static_cast<int>(k), -1, 0.5).to(dtype).requires_grad_());
     }
     const auto& abc = c["ns_coefficients"];
-    const std::string extra =
-        "momentum=" + number(c["momentum"]) + ",nesterov=" +
-        (c["nesterov"].get<bool>() ? "True" : "False") + ",ns_steps=" +
-        std::to_string(c["ns_steps"].get<int>()) + ",adjust_lr_fn=" +
-        c["adjust_lr_fn"].get<std::string>() + ",adamw_lr=" + number(c["adamw_lr"]) +
-        ",ns_coefficients=" + number(abc[0]) + ":" + number(abc[1]) + ":" + number(abc[2]);
+    const std::string extra = "momentum=" + number(c["momentum"]) +
+                              ",nesterov=" + (c["nesterov"].get<bool>() ? "True" : "False") +
+                              ",ns_steps=" + std::to_string(c["ns_steps"].get<int>()) +
+                              ",adjust_lr_fn=" + c["adjust_lr_fn"].get<std::string>() +
+                              ",adamw_lr=" + number(c["adamw_lr"]) +
+                              ",ns_coefficients=" + number(abc[0]) + ":" + number(abc[1]) + ":" +
+                              number(abc[2]);
     const auto args = mantissa::TrainingArguments()
                           .optim("muon")
                           .optim_args(extra)
@@ -98,10 +99,11 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
     for (std::size_t k = 0; k < params.size(); ++k) {
       const auto& p = c["params"][k];
       SCOPED_TRACE(names[k]);
-      const auto theirs = torch::tensor(p["final"].get<std::vector<double>>(), torch::kDouble)
-                              .reshape(shapes[k]);
+      const auto theirs =
+          torch::tensor(p["final"].get<std::vector<double>>(), torch::kDouble).reshape(shapes[k]);
       const auto ours = params[k].to(torch::kDouble);
-      const double worst = ((ours - theirs).abs() / theirs.abs().clamp_min(1.0)).max().item<double>();
+      const double worst =
+          ((ours - theirs).abs() / theirs.abs().clamp_min(1.0)).max().item<double>();
       if (dtype == torch::kBFloat16) {
         // One bf16 unit in the last place of the value.
         const auto ulp = theirs.abs().clamp_min(1e-30) * std::ldexp(1.0, -7);
@@ -112,8 +114,7 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
       const auto& state = static_cast<const MuonParamState&>(
           *optimizer->state().at(params[k].unsafeGetTensorImpl()));
       double worst_state = 0;
-      for (const auto& [key, tensor] :
-           std::vector<std::pair<std::string, torch::Tensor>>{
+      for (const auto& [key, tensor] : std::vector<std::pair<std::string, torch::Tensor>>{
                {"momentum_buffer", state.momentum_buffer()},
                {"exp_avg", state.exp_avg()},
                {"exp_avg_sq", state.exp_avg_sq()}}) {
@@ -121,10 +122,11 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
         if (!tensor.defined()) continue;
         const auto expected =
             torch::tensor(p["state"][key].get<std::vector<double>>(), torch::kDouble);
-        worst_state = std::max(worst_state, ((tensor.to(torch::kDouble).flatten() - expected).abs() /
-                                             expected.abs().clamp_min(1e-3))
-                                                .max()
-                                                .item<double>());
+        worst_state =
+            std::max(worst_state, ((tensor.to(torch::kDouble).flatten() - expected).abs() /
+                                   expected.abs().clamp_min(1e-3))
+                                      .max()
+                                      .item<double>());
       }
       if (dtype != torch::kBFloat16) EXPECT_LE(worst_state, 1e-5);
       if (!p["step"].is_null()) EXPECT_EQ(state.step(), p["step"].get<double>());
@@ -162,7 +164,8 @@ TEST(MuonTest, SplitsByNameAndShape) {
     EXPECT_EQ(o.weight_decay(), group.params()[0].dim() == 1 ? 0.0 : 0.1);
   }
   // adamw_params replaces the list of names kept on AdamW.
-  auto custom = build(mantissa::TrainingArguments(args).optim_args("adamw_params=qkv"), names, params);
+  auto custom =
+      build(mantissa::TrainingArguments(args).optim_args("adamw_params=qkv"), names, params);
   EXPECT_TRUE(is_muon(*custom, params[0]));
   EXPECT_FALSE(is_muon(*custom, params[1]));
 }

@@ -173,9 +173,9 @@ TEST_P(NewOptimizerTrainerTest, RefusesWhatItCannotRun) {
       [&] { TrainingArguments(base).low_precision_update("stochastic_rounding").validate(); },
       ThrowsMessage<c10::ValueError>(HasSubstr("optim is " + std::string(GetParam()))));
   EXPECT_THAT([&] { TrainingArguments(base).fsdp("shard_grad_op").validate(); },
-              ThrowsMessage<c10::ValueError>(HasSubstr(
-                  "fsdp shard_grad_op shards mantissa's FusedAdamW; optim '" +
-                  std::string(GetParam()) + "' cannot be sharded")));
+              ThrowsMessage<c10::ValueError>(
+                  HasSubstr("fsdp shard_grad_op shards mantissa's FusedAdamW; optim '" +
+                            std::string(GetParam()) + "' cannot be sharded")));
   EXPECT_THAT([&] { TrainingArguments(base).optim_args("no_such_key=1").validate(); },
               ThrowsMessage<c10::ValueError>(
                   HasSubstr("optim " + std::string(GetParam()) + " does not take 'no_such_key'")));

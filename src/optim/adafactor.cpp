@@ -23,8 +23,8 @@ void check_options(const AdafactorOptions& o) {
                     o.decay_rate());
   TORCH_CHECK_VALUE(!o.beta1() || (*o.beta1() >= 0 && *o.beta1() <= 1),
                     "Adafactor: beta1 must be in [0, 1] or None, got ", o.beta1().value_or(0));
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Adafactor: invalid weight_decay value: ",
-                    o.weight_decay());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0,
+                    "Adafactor: invalid weight_decay value: ", o.weight_decay());
 }
 
 at::Tensor rms(const at::Tensor& t) {
@@ -110,11 +110,11 @@ void AdafactorOptions::set_lr(const double lr) { this->lr(lr); }
 
 void AdafactorParamState::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("step", c10::IValue(step()));
-  for (const auto& [key, t] : {std::pair<const char*, const at::Tensor&>{"exp_avg_sq_row",
-                                                                          exp_avg_sq_row()},
-                               {"exp_avg_sq_col", exp_avg_sq_col()},
-                               {"exp_avg_sq", exp_avg_sq()},
-                               {"exp_avg", exp_avg()}}) {
+  for (const auto& [key, t] :
+       {std::pair<const char*, const at::Tensor&>{"exp_avg_sq_row", exp_avg_sq_row()},
+        {"exp_avg_sq_col", exp_avg_sq_col()},
+        {"exp_avg_sq", exp_avg_sq()},
+        {"exp_avg", exp_avg()}}) {
     if (t.defined()) archive.write(key, t);
   }
 }
@@ -160,7 +160,9 @@ at::Tensor Adafactor::step(LossClosure closure) {
       const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
       const auto grad = p.grad().to(at::kFloat);
       auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) slot = std::make_unique<AdafactorParamState>(fresh_state(grad, options.beta1().has_value()));
+      if (!slot)
+        slot =
+            std::make_unique<AdafactorParamState>(fresh_state(grad, options.beta1().has_value()));
       auto& state = static_cast<AdafactorParamState&>(*slot);
       TORCH_CHECK_VALUE(!options.beta1() || state.exp_avg().defined(),
                         "Adafactor: beta1 is set but the state of a parameter has no exp_avg");

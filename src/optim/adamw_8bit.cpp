@@ -22,12 +22,12 @@ void check_options(const AdamW8bitOptions& o) {
   const auto [beta1, beta2] = o.betas();
   TORCH_CHECK_VALUE(o.lr() >= 0, "AdamW8bit: invalid learning rate: ", o.lr());
   TORCH_CHECK_VALUE(o.eps() >= 0, "AdamW8bit: invalid epsilon value: ", o.eps());
-  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1, "AdamW8bit: invalid beta parameter at index 0: ",
-                    beta1);
-  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1, "AdamW8bit: invalid beta parameter at index 1: ",
-                    beta2);
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "AdamW8bit: invalid weight_decay value: ",
-                    o.weight_decay());
+  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1,
+                    "AdamW8bit: invalid beta parameter at index 0: ", beta1);
+  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1,
+                    "AdamW8bit: invalid beta parameter at index 1: ", beta2);
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0,
+                    "AdamW8bit: invalid weight_decay value: ", o.weight_decay());
   TORCH_CHECK_VALUE(o.block_size() >= 1, "AdamW8bit: block_size must be at least 1, got ",
                     o.block_size());
 }
@@ -110,9 +110,8 @@ std::pair<at::Tensor, at::Tensor> quantise(const at::Tensor& values, bool is_sig
     return {codes, scale};
   }
   auto scaled = (blocks / scale.view({-1, 1})).view(values.sizes());
-  auto down = at::searchsorted(qmap, scaled, /*out_int32=*/false, /*right=*/true)
-                  .sub_(1)
-                  .clamp_(0, 255);
+  auto down =
+      at::searchsorted(qmap, scaled, /*out_int32=*/false, /*right=*/true).sub_(1).clamp_(0, 255);
   auto up = (down + 1).clamp_max_(255);
   auto down_value = qmap.index({down});
   auto up_value = qmap.index({up});
@@ -209,13 +208,13 @@ void AdamW8bitOptions::set_lr(const double lr) { this->lr(lr); }
 
 void AdamW8bitParamState::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("step", step().defined() ? step() : at::zeros({}, at::kFloat));
-  for (const auto& [key, t] : {std::pair<const char*, const at::Tensor&>{"exp_avg_codes",
-                                                                          exp_avg_codes()},
-                               {"exp_avg_scale", exp_avg_scale()},
-                               {"exp_avg_sq_codes", exp_avg_sq_codes()},
-                               {"exp_avg_sq_scale", exp_avg_sq_scale()},
-                               {"exp_avg", exp_avg()},
-                               {"exp_avg_sq", exp_avg_sq()}}) {
+  for (const auto& [key, t] :
+       {std::pair<const char*, const at::Tensor&>{"exp_avg_codes", exp_avg_codes()},
+        {"exp_avg_scale", exp_avg_scale()},
+        {"exp_avg_sq_codes", exp_avg_sq_codes()},
+        {"exp_avg_sq_scale", exp_avg_sq_scale()},
+        {"exp_avg", exp_avg()},
+        {"exp_avg_sq", exp_avg_sq()}}) {
     if (t.defined()) archive.write(key, t);
   }
 }
@@ -323,16 +322,15 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       const auto on = p.options().requires_grad(false);
       auto fit = [&](const char* name, const at::Tensor& t, bool wanted, at::IntArrayRef shape,
                      c10::ScalarType dtype) -> at::Tensor {
-        TORCH_CHECK_VALUE(t.defined() == wanted, "the state of parameter ", position, " (",
-                          p.numel(), " elements, block_size ", o.block_size(), ") ",
-                          wanted ? "lacks" : "has", " '", name, "'",
-                          quantised ? " (its moments are quantised)"
-                                    : " (its moments are not quantised)");
+        TORCH_CHECK_VALUE(
+            t.defined() == wanted, "the state of parameter ", position, " (", p.numel(),
+            " elements, block_size ", o.block_size(), ") ", wanted ? "lacks" : "has", " '", name,
+            "'", quantised ? " (its moments are quantised)" : " (its moments are not quantised)");
         if (!t.defined()) return t;
         TORCH_CHECK_VALUE(t.sizes() == shape, "the state '", name, "' of parameter ", position,
                           " has shape ", t.sizes(), " but ", shape, " was expected");
-        const bool dtype_ok = dtype == at::kByte ? t.scalar_type() == at::kByte
-                                                 : at::isFloatingType(t.scalar_type());
+        const bool dtype_ok =
+            dtype == at::kByte ? t.scalar_type() == at::kByte : at::isFloatingType(t.scalar_type());
         TORCH_CHECK_VALUE(dtype_ok, "the state '", name, "' of parameter ", position, " is ",
                           t.scalar_type(), ", not ",
                           dtype == at::kByte ? "uint8 codes" : "a floating-point tensor");
@@ -340,14 +338,14 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       };
       const std::vector<int64_t> blocks{quantised ? p.numel() / o.block_size() : 0};
       state.step(state.step().to(on.dtype(at::kFloat)));
-      state.exp_avg_codes(fit("exp_avg_codes", state.exp_avg_codes(), quantised, p.sizes(),
-                              at::kByte));
-      state.exp_avg_scale(fit("exp_avg_scale", state.exp_avg_scale(), quantised, blocks,
-                              at::kFloat));
-      state.exp_avg_sq_codes(fit("exp_avg_sq_codes", state.exp_avg_sq_codes(), quantised,
-                                 p.sizes(), at::kByte));
-      state.exp_avg_sq_scale(fit("exp_avg_sq_scale", state.exp_avg_sq_scale(), quantised, blocks,
-                                 at::kFloat));
+      state.exp_avg_codes(
+          fit("exp_avg_codes", state.exp_avg_codes(), quantised, p.sizes(), at::kByte));
+      state.exp_avg_scale(
+          fit("exp_avg_scale", state.exp_avg_scale(), quantised, blocks, at::kFloat));
+      state.exp_avg_sq_codes(
+          fit("exp_avg_sq_codes", state.exp_avg_sq_codes(), quantised, p.sizes(), at::kByte));
+      state.exp_avg_sq_scale(
+          fit("exp_avg_sq_scale", state.exp_avg_sq_scale(), quantised, blocks, at::kFloat));
       state.exp_avg(fit("exp_avg", state.exp_avg(), !quantised, p.sizes(), p.scalar_type()));
       state.exp_avg_sq(
           fit("exp_avg_sq", state.exp_avg_sq(), !quantised, p.sizes(), p.scalar_type()));

@@ -16,16 +16,16 @@ namespace {
 void check_options(const MuonOptions& o) {
   TORCH_CHECK_VALUE(o.lr() >= 0, "Muon: learning rate should be >= 0 but is: ", o.lr());
   TORCH_CHECK_VALUE(o.momentum() >= 0, "Muon: momentum should be >= 0 but is: ", o.momentum());
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Muon: weight decay should be >= 0 but is: ",
-                    o.weight_decay());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0,
+                    "Muon: weight decay should be >= 0 but is: ", o.weight_decay());
   TORCH_CHECK_VALUE(o.ns_steps() >= 1 && o.ns_steps() < 100,
                     "Muon: ns_steps must be in [1, 100), got ", o.ns_steps());
   TORCH_CHECK_VALUE(o.eps() >= 0, "Muon: eps must be >= 0, got ", o.eps());
   const auto [beta1, beta2] = o.betas();
-  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1, "Muon's AdamW: invalid beta parameter at index 0: ",
-                    beta1);
-  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1, "Muon's AdamW: invalid beta parameter at index 1: ",
-                    beta2);
+  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1,
+                    "Muon's AdamW: invalid beta parameter at index 0: ", beta1);
+  TORCH_CHECK_VALUE(beta2 >= 0 && beta2 < 1,
+                    "Muon's AdamW: invalid beta parameter at index 1: ", beta2);
   TORCH_CHECK_VALUE(o.adam_eps() >= 0, "Muon's AdamW: invalid epsilon value: ", o.adam_eps());
 }
 
@@ -66,7 +66,8 @@ void adamw_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o) {
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = o.lr() / bias_correction1;
-  const auto denom = (state.exp_avg_sq().sqrt() / std::pow(bias_correction2, 0.5)).add_(o.adam_eps());
+  const auto denom =
+      (state.exp_avg_sq().sqrt() / std::pow(bias_correction2, 0.5)).add_(o.adam_eps());
   p.addcdiv_(state.exp_avg(), denom, -step_size);
 }
 
@@ -119,8 +120,7 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   auto read = [&](const char* key) {
     c10::IValue value;
-    TORCH_CHECK_VALUE(archive.try_read(key, value), "Muon options: the archive has no '", key,
-                      "'");
+    TORCH_CHECK_VALUE(archive.try_read(key, value), "Muon options: the archive has no '", key, "'");
     return value;
   };
   lr(read("lr").toDouble());
@@ -222,9 +222,8 @@ void Muon::load(torch::serialize::InputArchive& archive) {
         TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()), "the state '", name,
                           "' of parameter ", position, " is ", t.scalar_type(),
                           ", not a floating-point tensor");
-        TORCH_CHECK_VALUE(t.sizes() == p.sizes(), "the state '", name, "' of parameter ",
-                          position, " has shape ", t.sizes(), " but the parameter has shape ",
-                          p.sizes());
+        TORCH_CHECK_VALUE(t.sizes() == p.sizes(), "the state '", name, "' of parameter ", position,
+                          " has shape ", t.sizes(), " but the parameter has shape ", p.sizes());
         return t.to(p.options().requires_grad(false));
       };
       state.momentum_buffer(fit("momentum_buffer", state.momentum_buffer(), use_muon));

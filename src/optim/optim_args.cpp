@@ -29,9 +29,10 @@ OptimArgs::OptimArgs(const std::optional<std::string>& text, std::string optim)
     const auto end = std::min(compact.find(',', start), compact.size());
     const std::string pair = compact.substr(start, end - start);
     const auto eq = pair.find('=');
-    TORCH_CHECK_VALUE(eq != std::string::npos && eq > 0 && pair.find('=', eq + 1) == std::string::npos,
-                      "optim_args: '", pair, "' in '", *text,
-                      "' is not one key=value pair (pairs are separated by commas)");
+    TORCH_CHECK_VALUE(
+        eq != std::string::npos && eq > 0 && pair.find('=', eq + 1) == std::string::npos,
+        "optim_args: '", pair, "' in '", *text,
+        "' is not one key=value pair (pairs are separated by commas)");
     const std::string key = pair.substr(0, eq);
     TORCH_CHECK_VALUE(pairs_.count(key) == 0, "optim_args: the key '", key, "' is given twice in '",
                       *text, "'");
@@ -52,9 +53,9 @@ double OptimArgs::to_double(const std::string& key, const std::string& text,
   errno = 0;
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  TORCH_CHECK_VALUE(!text.empty() && end == text.c_str() + text.size() && errno == 0 &&
-                        std::isfinite(value),
-                    "optim_args: ", key, "=", text, " is not a finite number (optim ", optim, ")");
+  TORCH_CHECK_VALUE(
+      !text.empty() && end == text.c_str() + text.size() && errno == 0 && std::isfinite(value),
+      "optim_args: ", key, "=", text, " is not a finite number (optim ", optim, ")");
   return value;
 }
 
@@ -110,9 +111,9 @@ void OptimArgs::finish() const {
   if (unknown.empty()) return;
   std::string taken;
   for (const auto& [key, flag] : known_) taken += (taken.empty() ? "" : ", ") + key;
-  TORCH_CHECK_VALUE(false, "optim_args: optim ", optim_, " does not take ", unknown,
-                    taken.empty() ? std::string(" (it takes no optim_args)")
-                                  : " (it takes " + taken + ")");
+  TORCH_CHECK_VALUE(
+      false, "optim_args: optim ", optim_, " does not take ", unknown,
+      taken.empty() ? std::string(" (it takes no optim_args)") : " (it takes " + taken + ")");
 }
 
 }  // namespace mantissa::optim::detail

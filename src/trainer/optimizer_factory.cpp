@@ -88,10 +88,10 @@ TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
   auto groups = weight_decay_groups(model_params, masters, &first_group_decays);
   TORCH_CHECK_VALUE(!groups.empty(), "the model has no parameter that requires grad");
   TrainerOptimizer result;
-  result.optimizer = factory ? factory(std::move(groups))
-                             : build_named(args, std::move(groups), first_group_decays, masters,
-                                           low_precision_update,
-                                           weight_decay_group_names(model_params, module));
+  result.optimizer =
+      factory ? factory(std::move(groups))
+              : build_named(args, std::move(groups), first_group_decays, masters,
+                            low_precision_update, weight_decay_group_names(model_params, module));
   TORCH_CHECK_VALUE(result.optimizer != nullptr, "the optimizer factory returned null");
   for (const auto& group : result.optimizer->param_groups()) {
     result.params.insert(result.params.end(), group.params().begin(), group.params().end());

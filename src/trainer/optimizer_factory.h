@@ -50,8 +50,8 @@ struct TrainerOptimizer {
 /// rounding seeded by `args.seed`). A FusedAdamW over masters of a
 /// low-precision model writes them back into the model in its own pass. Python:
 /// `Trainer.create_optimizer`. `module`, when given, names the parameters for the registry's
-/// entry (`OptimizerBuildInputs::group_names`). Throws `c10::ValueError` when there is nothing to optimize or
-/// the factory returns null.
+/// entry (`OptimizerBuildInputs::group_names`). Throws `c10::ValueError` when there is nothing to
+/// optimize or the factory returns null.
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
