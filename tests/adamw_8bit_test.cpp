@@ -43,7 +43,12 @@ TEST(AdamW8bitTest, QuantisationMapsAreTorchaos) {
   for (const bool is_signed : {true, false}) {
     const auto ours = mantissa::optim::adamw8bit_qmap(is_signed);
     const auto theirs = doubles(doc[is_signed ? "qmap_signed" : "qmap_unsigned"]).to(torch::kFloat);
-    EXPECT_TRUE(torch::equal(ours, theirs)) << (is_signed ? "signed" : "unsigned");
+    // Equal where the golden file was written; torchao's own map moves by one or two fp32 units
+    // in the last place (1.4e-7 relative at most) in some 40 entries under
+    // ATEN_CPU_CAPABILITY=default (linspace and the decade products round differently there),
+    // and so does this one.
+    EXPECT_TRUE(((ours - theirs).abs() <= theirs.abs() * std::ldexp(1.0, -21)).all().item<bool>())
+        << (is_signed ? "signed" : "unsigned");
   }
 }
 

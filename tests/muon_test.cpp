@@ -1,5 +1,6 @@
 // include/mantissa/optim/muon.h: `--optim muon` against torch.optim.Muon + torch.optim.AdamW
 // over the same split (tests/golden/make_muon_golden.py), the split by name, and the checks.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -104,7 +105,24 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
       const auto ours = params[k].to(torch::kDouble);
       const double worst =
           ((ours - theirs).abs() / theirs.abs().clamp_min(1.0)).max().item<double>();
-      if (dtype == torch::kBFloat16) {
+      const bool muon_matrix = p["state"].contains("momentum_buffer");
+      if (muon_matrix) {
+        // Where the golden file was written the difference is 0. Elsewhere (another CPU's bf16
+        // GEMM, or ATEN_CPU_CAPABILITY=default rounding the momentum differently) the bf16
+        // Newton-Schulz output can round the other way: allow per step a fraction of the
+        // largest step an element can take, lr * adjust * |O| with |O| near 1 (1/128 of it for
+        // fp32 parameters, 1/8 for bf16 ones, whose momentum is bf16 too). Measured under
+        // ATEN_CPU_CAPABILITY=default: 1.2e-4 (fp32), 0.035 (bf16), against 5.4e-3 and 0.087.
+        const double rows = static_cast<double>(shapes[k][0]);
+        const double cols = static_cast<double>(shapes[k][1]);
+        const double adjust = c["adjust_lr_fn"] == "match_rms_adamw"
+                                  ? 0.2 * std::sqrt(std::max(rows, cols))
+                                  : std::sqrt(std::max(1.0, rows / cols));
+        const double largest_step = c["lr"].get<double>() * adjust;
+        const double tolerance =
+            steps * largest_step * std::ldexp(1.0, dtype == torch::kBFloat16 ? -3 : -7);
+        EXPECT_LE((ours - theirs).abs().max().item<double>(), tolerance);
+      } else if (dtype == torch::kBFloat16) {
         // One bf16 unit in the last place of the value.
         const auto ulp = theirs.abs().clamp_min(1e-30) * std::ldexp(1.0, -7);
         EXPECT_TRUE(((ours - theirs).abs() <= ulp).all().item<bool>()) << "beyond one bf16 ulp";
@@ -128,6 +146,7 @@ TEST(MuonTest, MatchesTorchMuonAndAdamWOverTwentySteps) {
                                       .max()
                                       .item<double>());
       }
+      // The gradients are fixed, so the fp32 states do not see the iteration's rounding.
       if (dtype != torch::kBFloat16) EXPECT_LE(worst_state, 1e-5);
       if (!p["step"].is_null()) EXPECT_EQ(state.step(), p["step"].get<double>());
       std::cout << "[ muon ] " << c["name"].get<std::string>() << " " << names[k]
