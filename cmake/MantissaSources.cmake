@@ -14,6 +14,9 @@ set(MANTISSA_PUBLIC_HEADERS
   include/mantissa/amp/grad_scaler.h
   include/mantissa/amp/master_weights.h
   include/mantissa/optim/low_precision_update.h
+  include/mantissa/optim/adafactor.h
+  include/mantissa/optim/adamw_8bit.h
+  include/mantissa/optim/muon.h
   include/mantissa/optim/fused_adamw.h
   include/mantissa/optim/optimizer_registry.h
   include/mantissa/io/safetensors.h
@@ -77,6 +80,13 @@ set(MANTISSA_CXX_SOURCES
   src/optim/registry/adagrad_spec.cpp
   src/optim/registry/rmsprop_spec.cpp
   src/optim/registry/lbfgs_spec.cpp
+  src/optim/optim_args.cpp
+  src/optim/adafactor.cpp
+  src/optim/registry/adafactor_spec.cpp
+  src/optim/adamw_8bit.cpp
+  src/optim/registry/adamw_8bit_spec.cpp
+  src/optim/muon.cpp
+  src/optim/registry/muon_spec.cpp
   src/io/atomic_file.cpp
   src/io/safetensors.cpp
   src/io/module_safetensors.cpp

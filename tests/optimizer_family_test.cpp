@@ -7,7 +7,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <mantissa/optim/adafactor.h>
+#include <mantissa/optim/adamw_8bit.h>
 #include <mantissa/optim/fused_adamw.h>
+#include <mantissa/optim/muon.h>
 #include "trainer/optimizer_family.h"
 
 namespace {
@@ -57,6 +65,38 @@ TEST(OptimizerFamilyTest, RefusesAdamWStateForSgd) {
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THAT(family_error(sgd, archive), AllOf(HasSubstr("the state of an Adam/AdamW optimizer"),
                                                 HasSubstr("this run's optimizer is torch::optim::SGD")));
+}
+
+TEST(OptimizerFamilyTest, TellsAdafactorAdamW8bitMuonAndAdamWApart) {
+  torch::nn::Linear model(3, 2);
+  using Make = std::function<std::unique_ptr<torch::optim::Optimizer>()>;
+  const std::vector<std::pair<std::string, Make>> optimizers = {
+      {"Adafactor",
+       [&] { return std::make_unique<mantissa::optim::Adafactor>(model->parameters()); }},
+      {"AdamW8bit",
+       [&] { return std::make_unique<mantissa::optim::AdamW8bit>(model->parameters()); }},
+      {"Muon",
+       [&] {
+         return std::make_unique<mantissa::optim::Muon>(
+             std::vector<torch::optim::OptimizerParamGroup>{
+                 torch::optim::OptimizerParamGroup(model->parameters())},
+             mantissa::optim::MuonOptions(1e-3).use_muon(false));
+       }},
+      {"Adam/AdamW", [&] { return std::make_unique<torch::optim::AdamW>(model->parameters()); }}};
+  for (const auto& [saved_family, make_saver] : optimizers) {
+    auto saver = make_saver();
+    auto archive = saved_state(*saver, model);
+    for (const auto& [family, make_loader] : optimizers) {
+      SCOPED_TRACE(saved_family + " loaded by " + family);
+      auto loader = make_loader();
+      const auto error = family_error(*loader, archive);
+      if (family == saved_family) {
+        EXPECT_EQ(error, "(no error)");
+      } else {
+        EXPECT_THAT(error, HasSubstr("the state of an " + saved_family + " optimizer"));
+      }
+    }
+  }
 }
 
 TEST(OptimizerFamilyTest, AcceptsAdamWStateForFusedAdamWAndLoadsIt) {

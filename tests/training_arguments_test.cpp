@@ -214,7 +214,8 @@ TEST(TrainingArgumentsTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.gradient_checkpointing());
   EXPECT_FALSE(a.gradient_checkpointing_kwargs().has_value());
   EXPECT_TRUE(a.cpu_caching_allocator());
-  EXPECT_EQ(field_names().size(), 77u) << "a field was added or removed: update this test, "
+  EXPECT_FALSE(a.optim_args().has_value());
+  EXPECT_EQ(field_names().size(), 78u) << "a field was added or removed: update this test, "
                                           "EveryFlagSetsItsField and docs/training_arguments.md";
 }
 
@@ -359,7 +360,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   const std::vector<std::string> argv2 = {
       "--fp16", "--fp16_full_eval", "true", "--use_cpu", "--cuda_graph",
       "--cuda_graph_warmup_steps", "5", "--dataloader_pin_memory", "false",
-      "--report_to", "tensorboard", "--run_name", "baseline",
+      "--report_to", "tensorboard", "--run_name", "baseline", "--optim_args", "beta1=0.9, eps=1e-8",
       "--low_precision_update", "stochastic_rounding", "--label_names", "start", "end",
       "--load_best_model_at_end", "--metric_for_best_model", "accuracy",
       "--greater_is_better", "false", "--eval_strategy", "steps", "--save_steps", "10",
@@ -445,6 +446,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.cuda_graph_warmup_steps(), 5);
   EXPECT_EQ(b.report_to(), mantissa::ReportTo("tensorboard"));
   EXPECT_EQ(b.run_name(), std::optional<std::string>("baseline"));
+  EXPECT_EQ(b.optim_args(), std::optional<std::string>("beta1=0.9, eps=1e-8"));
   EXPECT_EQ(b.low_precision_update(), mantissa::LowPrecisionUpdateMode::kStochasticRounding);
   EXPECT_EQ(b.label_names(), (std::optional<std::vector<std::string>>({"start", "end"})));
   EXPECT_TRUE(b.load_best_model_at_end());
@@ -960,7 +962,8 @@ TEST(TrainingArgumentsTest, EveryValidationErrorNamesFieldAndValue) {
        "needs num_decay_steps"},
       {"optim", TrainingArguments(d).optim("adam"),
        "optim: adam is not a valid OptimizerNames, please select one of ['adamw_torch', "
-       "'adamw_torch_fused', 'adamw_mantissa_fused', 'sgd']"},
+       "'adamw_torch_fused', 'adamw_mantissa_fused', 'sgd', 'adafactor', 'adamw_torch_8bit', "
+       "'muon']"},
       {"eval_strategy", TrainingArguments(d).eval_strategy("sometimes"),
        "eval_strategy: sometimes is not a valid IntervalStrategy, please select one of ['no', "
        "'steps', 'epoch']"},

@@ -34,8 +34,11 @@
 #include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/nn/multihead_attention.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
+#include <mantissa/optim/adafactor.h>
+#include <mantissa/optim/adamw_8bit.h>
 #include <mantissa/optim/fused_adamw.h>
 #include <mantissa/optim/low_precision_update.h>
+#include <mantissa/optim/muon.h>
 #include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/precision_plan.h>
 #include <mantissa/report_to.h>

@@ -51,6 +51,10 @@
     "Optimizer, by its name in the optimizer registry. adamw_torch_fused and "                     \
     "adamw_mantissa_fused both select mantissa's FusedAdamW, which unscales, checks for "          \
     "inf/nan, steps and casts masters back in one pass without a host sync.")                      \
+  X(std::optional<std::string>, optim_args, std::nullopt,                                          \
+    "Extra arguments of the optimizer as HF's 'key=value,key=value' string (adafactor: "           \
+    "clip_threshold, decay_rate, beta1, eps1, eps2; adamw_torch_8bit: block_size; muon: "          \
+    "momentum, nesterov, ns_steps, adjust_lr_fn, ...; docs/optimizers.md lists them).")            \
   X(double, learning_rate, 5e-5, "Peak learning rate, reached after warmup.")                      \
   X(double, weight_decay, 0.0,                                                                     \
     "Decoupled weight decay of AdamW (or SGD's L2 term), applied to tensors of 2 or more "         \

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <mantissa/amp/master_weights.h>
@@ -48,12 +49,14 @@ struct TrainerOptimizer {
 /// low-precision parameters without masters with `low_precision_update` (its stochastic
 /// rounding seeded by `args.seed`). A FusedAdamW over masters of a
 /// low-precision model writes them back into the model in its own pass. Python:
-/// `Trainer.create_optimizer`. Throws `c10::ValueError` when there is nothing to optimize or
-/// the factory returns null.
+/// `Trainer.create_optimizer`. `module`, when given, names the parameters for the registry's
+/// entry (`OptimizerBuildInputs::group_names`). Throws `c10::ValueError` when there is nothing to
+/// optimize or the factory returns null.
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const std::vector<torch::Tensor>& model_params,
                                         amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,
-                                        const OptimizerFactory& factory);
+                                        const OptimizerFactory& factory,
+                                        const torch::nn::Module* module = nullptr);
 
 }  // namespace mantissa::detail

@@ -18,8 +18,8 @@ namespace {
 void check_state_tensor(const at::Tensor& param, const optim::StateTensor& state,
                         std::size_t index) {
   const auto& value = state.value;
-  if (!value.defined()) return;
-  TORCH_CHECK_VALUE(value.sizes() == param.sizes(), "the state '", state.name, "' of parameter ",
+  if (!value.defined() || state.codes) return;
+  TORCH_CHECK_VALUE(!state.param_shaped || value.sizes() == param.sizes(), "the state '", state.name, "' of parameter ",
                     index, " has shape ", value.sizes(), " but the parameter has shape ",
                     param.sizes());
   TORCH_CHECK_VALUE(c10::isFloatingType(value.scalar_type()), "the state '", state.name,

@@ -22,7 +22,7 @@ OptimizerSetup Strategy::make_optimizer(const TrainingArguments& args, torch::nn
     setup.masters = std::make_unique<amp::MasterWeights>(module.parameters());
   }
   setup.optimizer = make_trainer_optimizer(args, module.parameters(), setup.masters.get(),
-                                           plan.low_precision_update, factory);
+                                           plan.low_precision_update, factory, &module);
   return setup;
 }
 

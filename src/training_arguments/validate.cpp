@@ -161,7 +161,9 @@ void check_choice_fields(const TrainingArguments& args) {
 #define MANTISSA_TA_CHECK_CHOICE_(type, name, default_value, help) check_choice(#name, args.name());
   MANTISSA_TRAINING_ARGUMENTS_FIELDS(MANTISSA_TA_CHECK_CHOICE_)
 #undef MANTISSA_TA_CHECK_CHOICE_
-  const bool update_rules = optim::find_optimizer(args.optim().name())->low_precision_rules;
+  const auto* spec = optim::find_optimizer(args.optim().name());
+  if (spec->check_arguments) spec->check_arguments(args);
+  const bool update_rules = spec->low_precision_rules;
   const auto& update = args.low_precision_update();
   TORCH_CHECK_VALUE(update_rules || update == LowPrecisionUpdateMode::kAuto ||
                         update == LowPrecisionUpdateMode::kNearest,

@@ -32,6 +32,12 @@ struct StateTensor {
   /// A running sum or mean of squares (`exp_avg_sq`, `square_avg`, Adagrad's `sum`), which no
   /// run makes negative: the update takes its square root.
   bool non_negative = false;
+  /// Whether it has its parameter's shape. Factored moments (Adafactor's `exp_avg_sq_row`) and
+  /// per-block scales do not; their optimizer's `load` checks their shapes.
+  bool param_shaped = true;
+  /// Integer codes of a quantised tensor (8-bit AdamW's `exp_avg_codes`): neither a floating
+  /// dtype nor finite values are asked of it.
+  bool codes = false;
 };
 
 /// The state tensors of one parameter.
@@ -59,6 +65,9 @@ struct OptimizerBuildInputs {
   amp::MasterWeights* masters = nullptr;
   /// How bf16/fp16 tensors updated without masters are written (see `low_precision_rules`).
   LowPrecisionUpdate low_precision_update = LowPrecisionUpdate::kNearest;
+  /// The model's name of each tensor of `groups` (`blocks.0.fc.weight`), parallel to them; empty
+  /// where the names are unknown. Muon reads them to keep embeddings and the LM head on AdamW.
+  std::vector<std::vector<std::string>> group_names = {};
 };
 
 /// One optimizer the Trainer can build, save and check. Plain data; `register_optimizer` adds
@@ -84,6 +93,10 @@ struct OptimizerSpec {
   std::function<std::optional<double>(const torch::optim::OptimizerParamState&)> steps;
   /// A parameter group's hyperparameters, by their optimizer.pt names, to be checked on load.
   std::function<std::vector<GroupOption>(const torch::optim::OptimizerOptions&)> group_options;
+  /// Throws `c10::ValueError` for arguments this optimizer cannot run with (an `optim_args` key it
+  /// does not take, a bad value, a precision or strategy setting it refuses), naming both
+  /// settings. `TrainingArguments::validate()` calls it. Null: every combination is accepted.
+  std::function<void(const TrainingArguments& args)> check_arguments;
   /// Applies `low_precision_update` kahan and stochastic_rounding to the bf16/fp16 tensors it
   /// updates without masters; `--low_precision_update auto` then picks kahan.
   bool low_precision_rules = false;

@@ -10,6 +10,9 @@ namespace mantissa::optim::detail {
 OptimizerSpec adamw_torch_spec();                ///< "adamw_torch": torch::optim::AdamW
 std::vector<OptimizerSpec> fused_adamw_specs();  ///< "adamw_torch_fused", "adamw_mantissa_fused"
 OptimizerSpec sgd_spec();                        ///< "sgd": torch::optim::SGD
+OptimizerSpec adafactor_spec();                  ///< "adafactor": mantissa's Adafactor
+OptimizerSpec adamw_8bit_spec();                 ///< "adamw_torch_8bit": mantissa's AdamW8bit
+OptimizerSpec muon_spec();                       ///< "muon": mantissa's Muon (+ AdamW)
 OptimizerSpec adam_torch_spec();  ///< torch::optim::Adam (set_optimizer_factory only)
 OptimizerSpec adagrad_spec();     ///< torch::optim::Adagrad (set_optimizer_factory only)
 OptimizerSpec rmsprop_spec();     ///< torch::optim::RMSprop (set_optimizer_factory only)

@@ -107,6 +107,9 @@ std::vector<OptimizerSpec> builtin_optimizers() {
   specs.push_back(adamw_torch_spec());
   for (auto& spec : fused_adamw_specs()) specs.push_back(std::move(spec));
   specs.push_back(sgd_spec());
+  specs.push_back(adafactor_spec());
+  specs.push_back(adamw_8bit_spec());
+  specs.push_back(muon_spec());
   specs.push_back(adam_torch_spec());
   specs.push_back(adagrad_spec());
   specs.push_back(rmsprop_spec());
