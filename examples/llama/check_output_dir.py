@@ -22,15 +22,25 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+import prepare_tokens
 
-def main():
-    output_dir, train_file, block_size, max_eval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(1)
-    opener = gzip.open if train_file.endswith(".gz") else open
-    with opener(train_file, "rb") as f:
-        data = torch.tensor(list(f.read()), dtype=torch.long)
-    held_out = data[: data.numel() * 5 // 100]
-    blocks = held_out[: held_out.numel() // block_size * block_size].view(-1, block_size)[:max_eval]
+
+def read_ids(path):
+    """A data file's ids as train_llama reads them: a token file's, or the bytes."""
+    with open(path, "rb") as f:
+        is_token_file = f.read(len(prepare_tokens.MAGIC)) == prepare_tokens.MAGIC
+    if is_token_file:
+        return torch.from_numpy(prepare_tokens.read_token_file(path)[0])
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        return torch.tensor(list(f.read()), dtype=torch.long)
+
+
+def check(output_dir, eval_ids, block_size, max_eval):
+    """Runs the checks on `eval_ids`, the run's evaluation ids; True when they pass."""
+    blocks = eval_ids[: eval_ids.numel() // block_size * block_size].view(-1, block_size)
+    if max_eval > 0:
+        blocks = blocks[:max_eval]
 
     with open(os.path.join(output_dir, "eval_results.json")) as f:
         results = json.load(f)
@@ -50,7 +60,15 @@ def main():
     for checkpoint in checkpoints:
         AutoModelForCausalLM.from_pretrained(checkpoint)
         print(f"from_pretrained({checkpoint}): loaded")
-    print("check_output_dir: PASSED" if ok and checkpoints else "check_output_dir: FAILED")
+    return ok and bool(checkpoints)
+
+
+def main():
+    output_dir, train_file, block_size, max_eval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(1)
+    data = read_ids(train_file)
+    ok = check(output_dir, data[: data.numel() * 5 // 100], block_size, max_eval)
+    print("check_output_dir: PASSED" if ok else "check_output_dir: FAILED")
     return 0 if ok else 1
 
 
