@@ -5,9 +5,11 @@
 No tokenizer is downloaded: a small byte-level BPE (the `tokenizers` package transformers
 installs) is trained on the Jargon File's first 100 kB and saved as a tokenizer folder.
 prepare_tokens.py then writes the training text (the next 200 kB) and the validation text (the
-20 kB after) as token files; the ids it wrote read back equal to the tokenizer's; train_llama
-trains a tiny model on them with --train_file / --validation_file; and
-AutoModelForCausalLM.from_pretrained of its output gives its eval loss on the validation ids.
+20 kB after) as token files; the ids it wrote read back equal to the tokenizer's. A tiny
+LlamaForCausalLM (tied, llama3 rope) saved by save_pretrained in bfloat16 shards is evaluated by
+train_llama --do_eval (the same eval loss as transformers', 1e-5), then fine-tuned with
+--model_name_or_path on --train_file / --validation_file; AutoModelForCausalLM.from_pretrained
+of the output gives its eval loss on the validation ids.
 """
 
 import gzip
@@ -19,7 +21,7 @@ import tempfile
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_output_dir  # noqa: E402
@@ -63,12 +65,39 @@ def main():
         config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                      "original_max_position_embeddings": 16}
-        config_path = os.path.join(tmp, "config.json")
-        with open(config_path, "w") as f:
-            json.dump(config, f)
+        # A model as a Python user has it: saved by save_pretrained in bfloat16, in shards.
+        torch.manual_seed(0)
+        hf_model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+        hf_dir = os.path.join(tmp, "hf")
+        hf_model.save_pretrained(hf_dir, max_shard_size="100KB")
+        assert os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json"))
+
+        # Evaluation only: train_llama's eval loss of that folder (read into float32) is
+        # transformers' on the same blocks.
+        eval_out = os.path.join(tmp, "eval_only")
+        run = subprocess.run(
+            [train_llama, "--model_name_or_path", hf_dir, "--validation_file", files["validation"],
+             "--block_size", str(BLOCK), "--do_eval", "--per_device_eval_batch_size", "32",
+             "--max_eval_samples", "64", "--disable_tqdm", "--output_dir", eval_out],
+            capture_output=True, text=True)
+        if run.returncode != 0:
+            print(run.stdout[-1500:], run.stderr[-1500:], "\ntest_token_files: FAILED (eval only)")
+            return 1
+        with open(os.path.join(eval_out, "eval_results.json")) as f:
+            cpp_eval = json.load(f)["eval_loss"]
+        blocks = torch.from_numpy(ids[: 64 * BLOCK]).view(64, BLOCK)
+        with torch.no_grad():
+            reference = hf_model.float().eval()(input_ids=blocks, labels=blocks).loss.item()
+        print(f"eval of the bf16 HF folder: train_llama {cpp_eval:.6f}, transformers {reference:.6f}, "
+              f"|diff| {abs(cpp_eval - reference):.3e}")
+        if abs(cpp_eval - reference) > 1e-5:
+            print("test_token_files: FAILED (eval of the HF folder)")
+            return 1
+
+        # Fine-tuning it on the token files.
         out = os.path.join(tmp, "out")
         run = subprocess.run(
-            [train_llama, "--config_name", config_path, "--train_file", files["train"],
+            [train_llama, "--model_name_or_path", hf_dir, "--train_file", files["train"],
              "--validation_file", files["validation"], "--block_size", str(BLOCK), "--do_train",
              "--do_eval", "--max_steps", "20", "--per_device_train_batch_size", "16",
              "--per_device_eval_batch_size", "32", "--max_eval_samples", "64", "--learning_rate", "3e-3",
