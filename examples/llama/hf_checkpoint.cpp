@@ -39,7 +39,8 @@ bool ignored(const LlamaForCausalLM& model, const std::string& name) {
 
 std::string join_names(const std::vector<std::string>& names) {
   std::ostringstream out;
-  for (std::size_t i = 0; i < names.size() && i < 8; ++i) out << (i ? ", " : "") << '"' << names[i] << '"';
+  for (std::size_t i = 0; i < names.size() && i < 8; ++i)
+    out << (i ? ", " : "") << '"' << names[i] << '"';
   if (names.size() > 8) out << " and " << names.size() - 8 << " more";
   return out.str();
 }
@@ -68,16 +69,16 @@ void copy_file(const LlamaForCausalLM& model, const Parameters& params, const st
   const auto tensors = io::load_safetensors(path);
   for (const auto& [name, tensor] : tensors) {
     if (ignored(model, name)) continue;
-    TORCH_CHECK(!expected || expected->count(name), path, ": holds \"", name,
-                "\", which ", kIndexFile, " does not assign to this file");
+    TORCH_CHECK(!expected || expected->count(name), path, ": holds \"", name, "\", which ",
+                kIndexFile, " does not assign to this file");
     const auto it = params.find(name);
     TORCH_CHECK(it != params.end(), path, ": holds \"", name,
                 "\", which this LlamaForCausalLM does not have");
     TORCH_CHECK(tensor.sizes() == it->second.sizes(), path, ": size mismatch for ", name,
-                ": the checkpoint has shape ", tensor.sizes(), ", the model ",
-                it->second.sizes(), " (config.json and the weights disagree)");
-    TORCH_CHECK(tensor.is_floating_point(), path, ": \"", name, "\" holds ",
-                tensor.scalar_type(), " values; a parameter needs floating-point ones");
+                ": the checkpoint has shape ", tensor.sizes(), ", the model ", it->second.sizes(),
+                " (config.json and the weights disagree)");
+    TORCH_CHECK(tensor.is_floating_point(), path, ": \"", name, "\" holds ", tensor.scalar_type(),
+                " values; a parameter needs floating-point ones");
   }
   torch::NoGradGuard no_grad;
   for (const auto& [name, tensor] : tensors) {
@@ -101,10 +102,10 @@ std::map<std::string, std::string> read_weight_map(const std::string& path) {
     TORCH_CHECK(file.is_string(), path, ": the shard of \"", name, "\" must be a file name, got ",
                 io::describe_json(file));
     const auto shard = file.get<std::string>();
-    TORCH_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." &&
-                    shard != "..",
-                path, ": the shard of \"", name, "\" must be a file name inside the folder, got \"",
-                shard, "\"");
+    TORCH_CHECK(
+        !shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
+        path, ": the shard of \"", name, "\" must be a file name inside the folder, got \"", shard,
+        "\"");
     map.emplace(name, shard);
   }
   return map;
@@ -131,14 +132,15 @@ std::int64_t parse_shard_size(const std::string& text) {
   try {
     value = std::stod(text, &used);
   } catch (const std::exception&) {
-    TORCH_CHECK_VALUE(false, "max_shard_size \"", text,
-                      "\" is not a size (a byte count, or a number with KB, MB, GB, KiB, MiB, GiB)");
+    TORCH_CHECK_VALUE(
+        false, "max_shard_size \"", text,
+        "\" is not a size (a byte count, or a number with KB, MB, GB, KiB, MiB, GiB)");
   }
   auto unit = text.substr(used);
   for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   const std::map<std::string, double> units = {
-      {"", 1},          {"B", 1},          {"KB", 1e3},       {"MB", 1e6},
-      {"GB", 1e9},      {"KIB", 1024.0},   {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
   const auto it = units.find(unit);
   TORCH_CHECK_VALUE(it != units.end() && value > 0 && value * it->second < 9e18,
                     "max_shard_size \"", text,

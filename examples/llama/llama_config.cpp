@@ -117,10 +117,14 @@ RopeParameters read_rope(const Json& json, const std::string& origin) {
 
 const char* dtype_name(c10::ScalarType dtype) {
   switch (dtype) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Half: return "float16";
-    default: TORCH_CHECK_VALUE(false, "config.json: no dtype name for ", dtype);
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Half:
+      return "float16";
+    default:
+      TORCH_CHECK_VALUE(false, "config.json: no dtype name for ", dtype);
   }
 }
 
@@ -157,8 +161,8 @@ LlamaConfig LlamaConfig::from_json(const Json& json, const std::string& origin) 
   c.num_hidden_layers = fields.integer("num_hidden_layers");
   c.num_attention_heads = fields.integer("num_attention_heads");
   c.num_key_value_heads = fields.integer("num_key_value_heads", c.num_attention_heads);
-  TORCH_CHECK_VALUE(c.num_attention_heads > 0, origin, ": num_attention_heads must be positive, got ",
-                    c.num_attention_heads);
+  TORCH_CHECK_VALUE(c.num_attention_heads > 0, origin,
+                    ": num_attention_heads must be positive, got ", c.num_attention_heads);
   c.head_dim = fields.integer("head_dim", c.hidden_size / c.num_attention_heads);
   c.hidden_act = fields.string("hidden_act", c.hidden_act);
   TORCH_CHECK_VALUE(c.hidden_act == "silu", origin, ": hidden_act \"", c.hidden_act,
@@ -230,8 +234,7 @@ Json LlamaConfig::to_json(c10::ScalarType dtype) const {
   json["pad_token_id"] = pad_token_id ? Json(*pad_token_id) : Json(nullptr);
   json.erase("rope_theta");
   json.erase("rope_scaling");
-  Json rope_json = {{"rope_type", rope_type_name(rope.rope_type)},
-                    {"rope_theta", rope.rope_theta}};
+  Json rope_json = {{"rope_type", rope_type_name(rope.rope_type)}, {"rope_theta", rope.rope_theta}};
   if (rope.rope_type == RopeType::kLlama3) {
     rope_json["factor"] = rope.factor;
     rope_json["low_freq_factor"] = rope.low_freq_factor;
@@ -249,8 +252,8 @@ torch::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
   const auto dim = config.head_dim;
   // float32 throughout, operation for operation as the Python functions: a Python scalar
   // combined with a float32 tensor stays float32, and so do these.
-  const auto exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) /
-                         static_cast<double>(dim);
+  const auto exponents =
+      torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(dim);
   auto inv_freq = 1.0 / torch::pow(config.rope.rope_theta, exponents);
   if (config.rope.rope_type == RopeType::kDefault) return inv_freq;
 

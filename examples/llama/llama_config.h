@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 namespace mantissa::examples::llama {
 

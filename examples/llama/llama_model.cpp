@@ -113,7 +113,7 @@ RotaryTables LlamaModelImpl::rotary_tables(std::int64_t time, c10::ScalarType dt
                                            c10::Device device) const {
   const auto positions = torch::arange(time, torch::dtype(torch::kFloat).device(device));
   const auto freqs = positions.unsqueeze(1) * inv_freq.to(device).unsqueeze(0);  // [time, dim/2]
-  const auto angles = torch::cat({freqs, freqs}, -1).unsqueeze(0);              // [1, time, dim]
+  const auto angles = torch::cat({freqs, freqs}, -1).unsqueeze(0);               // [1, time, dim]
   return {angles.cos().to(dtype), angles.sin().to(dtype)};
 }
 
@@ -146,7 +146,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) {
     auto& param = item.value();
     if (param.dim() >= 2) {
       param.normal_(0.0, config.initializer_range);
-    } else if (item.key().size() >= 5 && item.key().compare(item.key().size() - 5, 5, ".bias") == 0) {
+    } else if (item.key().size() >= 5 &&
+               item.key().compare(item.key().size() - 5, 5, ".bias") == 0) {
       param.zero_();
     }
   }

@@ -42,8 +42,9 @@ torch::Tensor loss_of(LlamaForCausalLM& model, const torch::Tensor& ids,
 }  // namespace
 
 int main(int argc, char** argv) try {
-  TORCH_CHECK_VALUE(argc >= 4, "usage: llama_parity MODEL_DIR BATCHES OUT [--save_dir DIR] "
-                               "[--max_shard_size SIZE]");
+  TORCH_CHECK_VALUE(argc >= 4,
+                    "usage: llama_parity MODEL_DIR BATCHES OUT [--save_dir DIR] "
+                    "[--max_shard_size SIZE]");
   const std::string model_dir = argv[1], batches_path = argv[2], out_path = argv[3];
   std::string save_dir;
   std::int64_t max_shard_size = kDefaultMaxShardSize;
@@ -69,8 +70,8 @@ int main(int argc, char** argv) try {
 
   std::vector<std::pair<std::string, torch::Tensor>> out;
   {
-    auto output = model->forward(
-        mantissa::Batch{{"input_ids", input_ids[0]}, {"labels", labels[0]}});
+    auto output =
+        model->forward(mantissa::Batch{{"input_ids", input_ids[0]}, {"labels", labels[0]}});
     output.loss.backward();
     out.emplace_back("logits", output.logits.detach());
     out.emplace_back("loss", output.loss.detach());
@@ -80,9 +81,8 @@ int main(int argc, char** argv) try {
   }
 
   torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(batches.at("learning_rate").item<double>())
-          .weight_decay(batches.at("weight_decay").item<double>()));
+      model->parameters(), torch::optim::AdamWOptions(batches.at("learning_rate").item<double>())
+                               .weight_decay(batches.at("weight_decay").item<double>()));
   auto losses = torch::empty({steps});
   for (std::int64_t step = 0; step < steps; ++step) {
     optimizer.zero_grad();

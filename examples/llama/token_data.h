@@ -22,8 +22,8 @@ inline constexpr char kTokenFileMagic[8] = {'M', 'T', 'S', 'T', 'O', 'K', '0', '
 
 /// Token ids read from a file, and what kind of file it was.
 struct TokenIds {
-  torch::Tensor ids;           ///< int64 [n], on the CPU
-  std::int64_t vocab_size = 0; ///< the token file's, or 256 for bytes
+  torch::Tensor ids;            ///< int64 [n], on the CPU
+  std::int64_t vocab_size = 0;  ///< the token file's, or 256 for bytes
   bool from_token_file = false;
 };
 

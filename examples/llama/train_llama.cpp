@@ -25,8 +25,8 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <mantissa/argument_parser.h>
 #include <mantissa/trainer.h>
@@ -160,9 +160,9 @@ int main(int argc, char** argv) try {
   TORCH_CHECK_VALUE(!flags.do_train || !flags.train_file.empty(), "--do_train needs --train_file");
   TORCH_CHECK_VALUE(!flags.train_file.empty() || !flags.validation_file.empty(),
                     "--do_eval needs --validation_file (or --train_file to hold out a part of)");
-  TORCH_CHECK_VALUE(flags.validation_split_percentage > 0 && flags.validation_split_percentage < 100,
-                    "validation_split_percentage must be in 1..99, got ",
-                    flags.validation_split_percentage);
+  TORCH_CHECK_VALUE(
+      flags.validation_split_percentage > 0 && flags.validation_split_percentage < 100,
+      "validation_split_percentage must be in 1..99, got ", flags.validation_split_percentage);
   TORCH_CHECK_VALUE(flags.max_train_samples >= 0 && flags.max_eval_samples >= 0,
                     "max_train_samples and max_eval_samples must be >= 0");
   TORCH_CHECK_VALUE(flags.linear_cross_entropy_chunk_size >= 0,
@@ -173,8 +173,8 @@ int main(int argc, char** argv) try {
   const auto config = read_config(flags);
   auto block_size = flags.block_size;
   if (block_size == 0) block_size = std::min<std::int64_t>(1024, config.max_position_embeddings);
-  TORCH_CHECK_VALUE(block_size > 0 && block_size <= config.max_position_embeddings,
-                    "block_size ", block_size, " must be in 1..max_position_embeddings (",
+  TORCH_CHECK_VALUE(block_size > 0 && block_size <= config.max_position_embeddings, "block_size ",
+                    block_size, " must be in 1..max_position_embeddings (",
                     config.max_position_embeddings, ")");
 
   // The data: the training file's ids, and the evaluation ids (the validation file's, or the
@@ -213,16 +213,17 @@ int main(int argc, char** argv) try {
   model->to(mantissa::examples::model_dtype_of(flags.model_dtype));
   std::int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
-  std::printf("train_llama: model %s: %lld layers, %lld heads (%lld key/value), %lld wide, "
-              "vocab %lld, rope %s, %s embeddings: %.2fM parameters\n",
-              flags.model_name_or_path.empty() ? "from config (random init)"
-                                               : flags.model_name_or_path.c_str(),
-              static_cast<long long>(config.num_hidden_layers),
-              static_cast<long long>(config.num_attention_heads),
-              static_cast<long long>(config.num_key_value_heads),
-              static_cast<long long>(config.hidden_size),
-              static_cast<long long>(config.vocab_size), rope_type_name(config.rope.rope_type),
-              config.tie_word_embeddings ? "tied" : "untied", n_params / 1e6);
+  std::printf(
+      "train_llama: model %s: %lld layers, %lld heads (%lld key/value), %lld wide, "
+      "vocab %lld, rope %s, %s embeddings: %.2fM parameters\n",
+      flags.model_name_or_path.empty() ? "from config (random init)"
+                                       : flags.model_name_or_path.c_str(),
+      static_cast<long long>(config.num_hidden_layers),
+      static_cast<long long>(config.num_attention_heads),
+      static_cast<long long>(config.num_key_value_heads),
+      static_cast<long long>(config.hidden_size), static_cast<long long>(config.vocab_size),
+      rope_type_name(config.rope.rope_type), config.tie_word_embeddings ? "tied" : "untied",
+      n_params / 1e6);
   std::printf("train_llama: block_size %lld: %zu training blocks, %zu evaluation blocks\n",
               static_cast<long long>(block_size), *train_blocks.size(), *eval_blocks.size());
   const auto eval_samples = static_cast<double>(*eval_blocks.size());
@@ -255,9 +256,9 @@ int main(int argc, char** argv) try {
     metrics["eval_samples"] = eval_samples;
     const double loss = metrics.at("eval_loss");
     // run_clm reports an overflowing exponential as infinity.
-    metrics["perplexity"] =
-        loss < std::log(std::numeric_limits<double>::max()) ? std::exp(loss)
-                                                             : std::numeric_limits<double>::infinity();
+    metrics["perplexity"] = loss < std::log(std::numeric_limits<double>::max())
+                                ? std::exp(loss)
+                                : std::numeric_limits<double>::infinity();
     std::printf("train_llama: eval_loss %.6f, perplexity %.4f\n", loss, metrics.at("perplexity"));
     log_metrics("eval", metrics);
     if (saves) {
