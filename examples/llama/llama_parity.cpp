@@ -10,7 +10,9 @@
 //   losses      the loss of each of the `steps` torch::optim::AdamW steps, one per batch
 //   final.<name> every parameter after them
 //   eval_loss   the loss of eval_ids (labels = inputs) after them
-// and, with --save_dir, saves the trained model there with save_pretrained.
+// and, with --save_dir, saves the trained model there with save_pretrained. With
+// --fused_linear_cross_entropy the losses come from mantissa::nn::linear_cross_entropy (in
+// chunks of 7 rows).
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -44,12 +46,19 @@ torch::Tensor loss_of(LlamaForCausalLM& model, const torch::Tensor& ids,
 int main(int argc, char** argv) try {
   TORCH_CHECK_VALUE(argc >= 4,
                     "usage: llama_parity MODEL_DIR BATCHES OUT [--save_dir DIR] "
-                    "[--max_shard_size SIZE]");
+                    "[--max_shard_size SIZE] [--fused_linear_cross_entropy]");
   const std::string model_dir = argv[1], batches_path = argv[2], out_path = argv[3];
   std::string save_dir;
   std::int64_t max_shard_size = kDefaultMaxShardSize;
-  for (int i = 4; i + 1 < argc; i += 2) {
+  bool fused_loss = false;
+  for (int i = 4; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--fused_linear_cross_entropy") {
+      fused_loss = true;
+      --i;  // a flag without a value
+      continue;
+    }
+    TORCH_CHECK_VALUE(i + 1 < argc, "flag ", flag, " needs a value");
     if (flag == "--save_dir") {
       save_dir = argv[i + 1];
     } else if (flag == "--max_shard_size") {
@@ -62,6 +71,8 @@ int main(int argc, char** argv) try {
   const auto config = LlamaConfig::from_json_file(model_dir + "/config.json");
   LlamaForCausalLM model(config);
   load_pretrained(model, model_dir);
+  model->fused_linear_cross_entropy = fused_loss;
+  model->linear_cross_entropy_chunk_size = fused_loss ? 7 : 0;  // several chunks, one partial
   model->train();
   auto batches = read_map(batches_path);
   const auto& input_ids = batches.at("input_ids");
@@ -73,6 +84,10 @@ int main(int argc, char** argv) try {
     auto output =
         model->forward(mantissa::Batch{{"input_ids", input_ids[0]}, {"labels", labels[0]}});
     output.loss.backward();
+    if (fused_loss) {  // the fused loss returns no logits: the plain forward gives them
+      torch::NoGradGuard no_grad;
+      output.logits = model->forward(input_ids[0]);
+    }
     out.emplace_back("logits", output.logits.detach());
     out.emplace_back("loss", output.loss.detach());
     for (const auto& item : model->named_parameters()) {
