@@ -16,6 +16,7 @@ an eval loss. The same is computed here with transformers and compared:
 Usage: python test_llama_parity.py PATH/TO/llama_parity
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def relative(ours, reference):
 
 class LlamaParityTest(unittest.TestCase):
     def run_case(self, config, max_shard_size=None, cpp_shard_size=None, seed=0,
-                 steps_tolerance=TOLERANCE, fused_loss=False):
+                 steps_tolerance=TOLERANCE, fused_loss=False, legacy_config=False):
         torch.manual_seed(seed)
         reference = LlamaForCausalLM(config)
         # Random norm scales, so a swapped or ignored RMSNorm weight shows.
@@ -84,6 +85,15 @@ class LlamaParityTest(unittest.TestCase):
             reference.save_pretrained(model_dir, **kwargs)
             if max_shard_size:
                 self.assertTrue(os.path.exists(os.path.join(model_dir, "model.safetensors.index.json")))
+            if legacy_config:  # 4.x's spelling: rope_theta at the top, the rest in rope_scaling
+                path = os.path.join(model_dir, "config.json")
+                with open(path) as f:
+                    saved = json.load(f)
+                rope = saved.pop("rope_parameters")
+                saved["rope_theta"] = rope.pop("rope_theta")
+                saved["rope_scaling"] = rope
+                with open(path, "w") as f:
+                    json.dump(saved, f)
             batches = os.path.join(tmp, "batches.safetensors")
             save_file(
                 {
@@ -167,8 +177,9 @@ class LlamaParityTest(unittest.TestCase):
 
     def test_untied_llama3_rope_sharded(self):
         # Read from HF's shards, written back as shards by the C++ save_pretrained.
+        # Its config.json rewritten in 4.x's rope_theta + rope_scaling form for the C++ side.
         self.run_case(tiny_config(tied=False, rope=dict(LLAMA3_ROPE)), max_shard_size="20KB",
-                      cpp_shard_size="20KB")
+                      cpp_shard_size="20KB", legacy_config=True)
 
     def test_untied_fused_linear_cross_entropy(self):
         # The loss through mantissa::nn::linear_cross_entropy, 7 rows per chunk, against
