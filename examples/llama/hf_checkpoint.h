@@ -1,0 +1,45 @@
+#pragma once
+// A Hugging Face model folder, read and written: `config.json` beside `model.safetensors`, or
+// beside the shards that `model.safetensors.index.json` maps. What `save_pretrained` writes and
+// `from_pretrained` reads.
+
+#include <cstdint>
+#include <string>
+
+#include "llama_model.h"
+
+namespace mantissa::examples::llama {
+
+/// HF's default `max_shard_size` of `save_pretrained` in transformers 5.x: "50GB".
+inline constexpr std::int64_t kDefaultMaxShardSize = 50'000'000'000;
+
+/// Parses a size as `save_pretrained(max_shard_size=...)` takes it: a byte count ("1000000")
+/// or a number with a unit, decimal "KB", "MB", "GB" or binary "KiB", "MiB", "GiB"
+/// ("5GB" = 5 * 10^9 bytes). Raises c10::ValueError naming the text otherwise.
+std::int64_t parse_shard_size(const std::string& text);
+
+/// Whether `dir` holds weights `load_pretrained` can read: model.safetensors or
+/// model.safetensors.index.json.
+bool has_pretrained_weights(const std::string& dir);
+
+/// Copies the weights of a model folder into `model`: model.safetensors, or, when absent, the
+/// shards listed by model.safetensors.index.json. Python: the weight loading of
+/// `LlamaForCausalLM.from_pretrained(dir)`. Tensors are matched by HF's names and converted to
+/// each parameter's dtype (a bfloat16 checkpoint loads into a float32 model). A tied model
+/// ignores a stored "lm_head.weight". Everything else must match: a missing parameter, an
+/// unexpected tensor, or a shape that differs raises a c10::Error naming the file and the
+/// tensor (before anything of that file is copied). Syncs with the device of GPU parameters.
+void load_pretrained(LlamaForCausalLM& model, const std::string& dir);
+
+/// Writes `model` as a folder `from_pretrained` reads: config.json (`config.to_json`, dtype
+/// from the parameters) and the weights under HF's names, in one model.safetensors when they
+/// fit in `max_shard_size` bytes, else in shards model-0000k-of-0000n.safetensors (in
+/// parameter order, a new shard started when the next tensor would pass the limit) with
+/// model.safetensors.index.json. Weight files of an earlier save in `dir` that this layout
+/// does not use are removed, so `from_pretrained` cannot pick up stale weights. Python:
+/// `model.save_pretrained(dir, max_shard_size=...)`. Each file is written atomically. Syncs
+/// with the device (copies to the CPU).
+void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,
+                     std::int64_t max_shard_size = kDefaultMaxShardSize);
+
+}  // namespace mantissa::examples::llama
