@@ -143,6 +143,8 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/sharded/gradient_reduce_scatter.cpp
   src/trainer/sharded/sharded_adamw.cpp
   src/trainer/sharded/full_state.cpp
+  src/trainer/sharded/block_units.cpp
+  src/trainer/sharded/parameter_units.cpp
   src/trainer/graph_engine.cpp
   src/trainer/batch_roles.cpp
   src/trainer/evaluation.cpp

@@ -32,27 +32,90 @@ TrainingArguments sharded() { return TrainingArguments().fsdp("shard_grad_op"); 
 
 TEST(FsdpArguments, OffByDefaultAndShardGradOpAccepted) {
   EXPECT_FALSE(TrainingArguments().fsdp_shards_grad_op());
+  EXPECT_FALSE(TrainingArguments().fsdp_shards_parameters());
   EXPECT_TRUE(sharded().fsdp_shards_grad_op());
+  EXPECT_FALSE(sharded().fsdp_shards_parameters());
   EXPECT_EQ(validate_error(sharded()), "<no exception>");
   // HF's spellings: options separated by spaces (or commas); auto_wrap changes nothing here.
   EXPECT_TRUE(TrainingArguments().fsdp("shard_grad_op auto_wrap").fsdp_shards_grad_op());
   EXPECT_TRUE(TrainingArguments().fsdp("auto_wrap,shard_grad_op").fsdp_shards_grad_op());
   EXPECT_EQ(validate_error(TrainingArguments().fsdp("shard_grad_op auto_wrap")), "<no exception>");
-  EXPECT_FALSE(TrainingArguments().fsdp("no_shard").fsdp_shards_grad_op());
-  EXPECT_EQ(validate_error(TrainingArguments().fsdp("no_shard")), "<no exception>");
+  EXPECT_FALSE(TrainingArguments().fsdp("false").fsdp_shards_parameters());
 }
 
-TEST(FsdpArguments, OptionsThatShardParametersAreRefusedByName) {
-  for (const char* option : {"full_shard", "hybrid_shard", "hybrid_shard_zero2", "offload"}) {
-    const auto error =
-        validate_error(TrainingArguments().fsdp(std::string("shard_grad_op ") + option));
-    EXPECT_THAT(error, HasSubstr(std::string("fsdp: '") + option + "' is not supported"));
-    EXPECT_THAT(error, HasSubstr("use --fsdp shard_grad_op"));
+TEST(FsdpArguments, BareFsdpAndFullShardShardTheParameters) {
+  // HF 5: a bare --fsdp is FSDP2 with reshard_after_forward true; full_shard the old name of it.
+  for (const char* fsdp : {"true", "True", "full_shard", "full_shard auto_wrap", "auto_wrap"}) {
+    EXPECT_TRUE(TrainingArguments().fsdp(fsdp).fsdp_shards_parameters()) << fsdp;
+    EXPECT_FALSE(TrainingArguments().fsdp(fsdp).fsdp_shards_grad_op()) << fsdp;
+    EXPECT_EQ(validate_error(TrainingArguments().fsdp(fsdp)), "<no exception>") << fsdp;
   }
+  const auto bare = TrainingArguments::parse(std::vector<std::string>{"--fsdp", "--max_steps", "3"});
+  EXPECT_EQ(bare.fsdp(), "true");
+  EXPECT_EQ(bare.max_steps(), 3);
+  EXPECT_TRUE(bare.fsdp_shards_parameters());
+  EXPECT_TRUE(TrainingArguments::parse(std::vector<std::string>{"--fsdp"}).fsdp_shards_parameters());
+  // A key of fsdp_config wins over what the legacy string implies, as HF's setdefault lets it.
+  EXPECT_TRUE(sharded().fsdp_config(R"({"reshard_after_forward": true})").fsdp_shards_parameters());
+  EXPECT_TRUE(TrainingArguments()
+                  .fsdp("full_shard")
+                  .fsdp_config(R"({"reshard_after_forward": "no"})")
+                  .fsdp_shards_grad_op());
+  EXPECT_TRUE(TrainingArguments()
+                  .fsdp("true")
+                  .fsdp_config(R"({"fsdp_reshard_after_forward": false})")
+                  .fsdp_shards_grad_op());
+}
+
+TEST(FsdpArguments, FsdpOneOptionsAndContradictionsAreRefusedByName) {
+  for (const char* option : {"no_shard", "hybrid_shard", "hybrid_shard_zero2"}) {
+    const auto error = validate_error(TrainingArguments().fsdp(option));
+    EXPECT_THAT(error, HasSubstr(std::string("fsdp: '") + option + "' is an FSDP1 option"));
+  }
+  EXPECT_THAT(validate_error(TrainingArguments().fsdp("full_shard offload")),
+              HasSubstr("fsdp: 'offload' is not supported"));
+  EXPECT_THAT(validate_error(TrainingArguments().fsdp("shard_grad_op full_shard")),
+              HasSubstr("'full_shard' and 'shard_grad_op' contradict each other"));
+  // FSDPOption's match is case-sensitive in HF too.
+  EXPECT_THAT(validate_error(TrainingArguments().fsdp("FULL_SHARD")),
+              HasSubstr("fsdp: 'FULL_SHARD' is not an FSDP option"));
   EXPECT_THAT(validate_error(TrainingArguments().fsdp("shard_grad_opp")),
               HasSubstr("fsdp: 'shard_grad_opp' is not an FSDP option"));
-  EXPECT_THAT(validate_error(TrainingArguments().fsdp("no_shard shard_grad_op")),
-              HasSubstr("'no_shard' cannot be combined"));
+}
+
+TEST(FsdpArguments, FsdpTwoConfigKeys) {
+  const TrainingArguments full = TrainingArguments().fsdp("true");
+  for (const char* policy : {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"}) {
+    EXPECT_EQ(validate_error(TrainingArguments(full).fsdp_config(
+                  std::string(R"({"auto_wrap_policy": ")") + policy + R"(", "min_num_params": 10})")),
+              "<no exception>")
+        << policy;
+  }
+  EXPECT_THAT(validate_error(TrainingArguments(full).fsdp_config(R"({"auto_wrap_policy": "wrap"})")),
+              HasSubstr("'auto_wrap_policy' takes TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or "
+                        "NO_WRAP, got \"wrap\""));
+  EXPECT_THAT(validate_error(TrainingArguments(full).fsdp_config(R"({"version": 1})")),
+              HasSubstr("version 1 (FSDP1, deprecated in HF Transformers 5) is not supported"));
+  EXPECT_THAT(
+      validate_error(TrainingArguments(full).fsdp_config(R"({"reshard_after_forward": "maybe"})")),
+      HasSubstr("'reshard_after_forward' takes true or false (or a string such as \"yes\""));
+  EXPECT_THAT(validate_error(TrainingArguments(full).fsdp_config(
+                  R"({"transformer_layer_cls_to_wrap": []})")),
+              HasSubstr("'transformer_layer_cls_to_wrap' names no class"));
+  EXPECT_THAT(validate_error(TrainingArguments(full).fsdp_config(R"({"forward_prefetch": true})")),
+              HasSubstr("'forward_prefetch' true is an FSDP1 setting"));
+  EXPECT_THAT(validate_error(TrainingArguments(full).fsdp_config(R"({"cpu_offload": "true"})")),
+              HasSubstr("'cpu_offload' true is not supported"));
+  EXPECT_EQ(validate_error(TrainingArguments(full).fsdp_config(
+                R"({"cpu_ram_efficient_loading": "true", "activation_checkpointing": true})")),
+            "<no exception>");
+  EXPECT_THAT(validate_error(TrainingArguments(full)
+                                 .gradient_checkpointing(true)
+                                 .fsdp_config(R"({"activation_checkpointing": true})")),
+              HasSubstr("activation_checkpointing and --gradient_checkpointing both"));
+  // The refusals of a sharded run name the mode.
+  EXPECT_THAT(validate_error(TrainingArguments(full).optim("sgd")),
+              HasSubstr("fsdp (full sharding) shards mantissa's FusedAdamW; optim 'sgd'"));
 }
 
 TEST(FsdpArguments, WhatShardingCannotCombineWith) {
@@ -74,8 +137,6 @@ TEST(FsdpArguments, ConfigAsJsonObject) {
             "<no exception>");
   EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")),
               HasSubstr("state_dict_type \"SHARDED_STATE_DICT\" is not supported"));
-  EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"reshard_after_forward": true})")),
-              HasSubstr("'reshard_after_forward' true shards the parameters too"));
   EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"fsdp_offload_params": true})")),
               HasSubstr("'fsdp_offload_params' true is not supported"));
   EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"use_orig_params": "yes"})")),

@@ -16,7 +16,22 @@ namespace {
 
 using namespace trainer_check;
 
-const std::vector<std::string> kSharded = {"--fsdp", "shard_grad_op"};
+/// What a scenario shards with, and the words its log must hold.
+struct ShardingMode {
+  std::vector<std::string> flags;  ///< the fsdp flags
+  std::vector<std::string> model;  ///< worker flags of the model (both sides of a comparison)
+  std::string state_line;          ///< in the line about what each rank holds
+  std::string first_line;          ///< in the run's first line
+};
+/// ZeRO-2 on the plain MLP.
+const ShardingMode kGradOp{{"--fsdp", "shard_grad_op"}, {}, "optimizer state per process",
+                           "fsdp shard_grad_op"};
+/// Full sharding (a bare --fsdp) on the MLP with three residual blocks, each a unit.
+const ShardingMode kFull{{"--fsdp"}, {"--blocks", "3"}, "holds parameters", "fsdp full sharding"};
+/// The scenario's mode: kFull for the full_* scenarios.
+ShardingMode g_mode = kGradOp;
+/// Its fsdp flags (the name the ZeRO-2 scenarios were written with).
+std::vector<std::string> kSharded = kGradOp.flags;
 
 /// The logged gradient norms of `a` and `b`, within `rtol`/`atol` (equal bits for 0 and 0);
 /// an overflowing fp16 step logs inf or nan, and nan counts as equal to nan.
@@ -44,8 +59,9 @@ bool check_against_ddp(const Launch& l, const std::vector<std::string>& flags, d
   const auto ddp = l.dir + "/ddp.st";
   const auto fsdp = l.dir + "/fsdp.st";
   const auto common = std::vector<std::string>{
-      "--eval",          "101", "--per_device_train_batch_size", "32", "--ddp_bucket_cap_mb", "1",
-      "--max_grad_norm", "1.0"};
+                          "--eval",          "101", "--per_device_train_batch_size", "32",
+                          "--ddp_bucket_cap_mb", "1", "--max_grad_norm", "1.0"} +
+                      g_mode.model;
   auto status = run_ranks(l, 2,
                           common_flags(l.dir + "/out-ddp") + common +
                               std::vector<std::string>{"--results", ddp} + flags,
@@ -77,9 +93,11 @@ bool check_against_ddp(const Launch& l, const std::vector<std::string>& flags, d
       ok &= same_tensor(reference, rank0, name, rtol, atol, "evaluation, DDP vs sharded");
     }
   }
-  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), "optimizer state per process",
+  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), g_mode.state_line,
                  "the sharded run's log");
-  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), "fsdp shard_grad_op",
+  ok &= contains(read_text(l.dir + "/fsdp.rank1.log"), g_mode.state_line,
+                 "rank 1's log");
+  ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), g_mode.first_line,
                  "the sharded run's first line");
   return ok;
 }
@@ -93,7 +111,7 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
       std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
                                "32",         "--save_steps", "4",
                                "--ddp_bucket_cap_mb", "1"} +
-      precision;
+      g_mode.model + precision;
   const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
     auto args = flags + common_flags(l.dir + "/" + name) +
                 std::vector<std::string>{"--save_strategy", "steps", "--results",
@@ -246,7 +264,102 @@ int run_check(const std::string& scenario, Launch l) {
                                             "mantissa-fsdp-" + scenario + "-");
   std::cout << "check: " << scenario << " in " << l.dir << std::endl;
   bool ok = false;
-  if (scenario == "fp32") {
+  if (scenario.rfind("full_", 0) == 0) {
+    g_mode = kFull;
+    kSharded = kFull.flags;
+  }
+  if (scenario == "full_fp32") {
+    // The reduce-scatter sums what DDP's allreduce sums (a + b); gathering moves bits only.
+    ok = check_against_ddp(l, {}, 0, 0, /*compare_eval=*/true);
+  } else if (scenario == "full_accumulation") {
+    ok = check_against_ddp(l, {"--gradient_accumulation_steps", "2"}, 0, 0, false);
+  } else if (scenario == "full_bf16_masters") {
+    ok = check_against_ddp(l, {"--model_dtype", "bf16", "--bf16"}, 1e-4, 3e-2, true);
+  } else if (scenario == "full_pure_bf16") {
+    ok = check_against_ddp(
+        l, {"--model_dtype", "bf16", "--bf16", "--master_weights", "off"}, 1e-4, 3e-2, false);
+  } else if (scenario == "full_fp16_loss_scaling") {
+    ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
+                           1e-4, 1e-4, false);
+  } else if (scenario == "full_gradient_checkpointing") {
+    // The blocks recomputed in the backward, each gathered again for its recompute; and FSDP's
+    // own spelling of it (fsdp_config activation_checkpointing) the same.
+    ok = check_against_ddp(l,
+                           {"--gradient_checkpointing", "--dropout", "0.2",
+                            "--ddp_find_unused_parameters", "false"},
+                           0, 0, true);
+    kSharded = kFull.flags + std::vector<std::string>{"--fsdp_config",
+                                                      R"({"activation_checkpointing": true})"};
+    ok &= check_against_ddp(l, {"--dropout", "0.2"}, 0, 0, false);
+  } else if (scenario == "full_resume") {
+    ok = check_resume(l, {});
+  } else if (scenario == "full_resume_bf16_masters") {
+    ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "full_pytorch_parity" || scenario == "full_pytorch_parity_checkpointing") {
+    // PyTorch's FSDP2, fully_shard(block, reshard_after_forward=True) on each block and then on
+    // the root, against mantissa's bare --fsdp over the same blocks.
+    const bool recompute = scenario == "full_pytorch_parity_checkpointing";
+    auto reference = std::vector<std::string>{"--strategy", "fully_shard_blocks", "--blocks", "3"};
+    auto flags = kFull.flags + kFull.model;
+    if (recompute) {
+      reference.push_back("--gradient_checkpointing");
+      flags.push_back("--gradient_checkpointing");
+    }
+    const auto agreed =
+        check_pytorch_parity(l, reference, flags, "PyTorch fully_shard per block vs mantissa");
+    if (!agreed) return kSkipped;
+    ok = *agreed;
+  } else if (scenario == "full_block_not_run") {
+    // Linear layers named as the blocks to shard: the model runs none of them through
+    // run_block, so the first forward (which gathers everything) ends in an error naming one.
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
+            kFull.flags + kFull.model +
+            std::vector<std::string>{"--fsdp_config",
+                                     R"({"transformer_layer_cls_to_wrap": ["LinearImpl"]})"},
+        l.dir + "/notrun");
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/notrun.rank0.log"),
+                   "the block fc1 is a sharding unit, but the model's forward did not run it "
+                   "through run_block",
+                   "rank 0's error");
+  } else if (scenario == "full_unknown_block_class") {
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
+            kFull.flags + kFull.model +
+            std::vector<std::string>{"--fsdp_config",
+                                     R"({"transformer_layer_cls_to_wrap": "DecoderLayer"})"},
+        l.dir + "/unknown");
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/unknown.rank0.log"),
+                   "transformer_layer_cls_to_wrap names 'DecoderLayer', but no module of",
+                   "rank 0's error");
+  } else if (scenario == "full_mismatched_config") {
+    // The ranks disagree on fsdp_config: stopped by the argument check, naming the field.
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
+            kFull.flags + kFull.model,
+        l.dir + "/args", [](int rank) {
+          return rank == 1 ? std::vector<std::string>{"--fsdp_config",
+                                                      R"({"auto_wrap_policy": "NO_WRAP"})"}
+                           : std::vector<std::string>{};
+        });
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    ok &= contains(read_text(l.dir + "/args.rank1.log"), "fsdp_config", "rank 1's error");
+  } else if (scenario == "full_rank_killed") {
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st", "--die-on-rank", "1",
+                                 "--die-at-step", "3", "--per_device_train_batch_size", "32"} +
+            common_flags(l.dir + "/out") + kFull.flags + kFull.model +
+            std::vector<std::string>{"--max_steps", "100000", "--logging_steps", "100000"},
+        l.dir + "/killed");
+    ok = status[1] == 128 + SIGKILL && status[0] != 0 && status[0] != -1;
+    ok &= contains(read_text(l.dir + "/killed.rank0.log"), "rank 0 of 2", "rank 0's error");
+  } else if (scenario == "fp32") {
     // Two ranks reduce a gradient the same way either way (a + b), and the sharded norm is
     // data parallel's, per parameter then of the norms: equal bits, clipped or not.
     ok = check_against_ddp(l, {}, 0, 0, /*compare_eval=*/true);

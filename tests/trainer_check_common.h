@@ -7,7 +7,8 @@
 //
 // Worker options: --num_examples N (256), --hidden H (32), --dropout P (0), --model_dtype
 // fp32|bf16 (fp32), --middle M (0: none; else a Float8Linear hidden -> M between the two
-// layers, which --fp8 runs in FP8), --eval N (0: no evaluation), --data FILE (data and initial
+// layers, which --fp8 runs in FP8), --blocks K (0; else K residual blocks hidden -> hidden
+// after the first layer, declared as blocks for --fsdp), --eval N (0: no evaluation), --data FILE (data and initial
 // weights from a safetensors file of tests/ddp/torch_ddp_reference.py), --die-on-rank R
 // --die-at-step S (that rank kills itself with SIGKILL after step S).
 
@@ -54,6 +55,7 @@ struct WorkerOptions {
   std::int64_t num_examples = 256;
   std::int64_t hidden = 32;
   std::int64_t middle = 0;
+  std::int64_t blocks = 0;
   double dropout = 0.0;
   std::string model_dtype = "fp32";
   std::int64_t eval = 0;
@@ -62,24 +64,49 @@ struct WorkerOptions {
   std::int64_t die_at_step = -1;
 };
 
+/// One residual block of the MLP: `fc` (hidden -> hidden), its output through relu.
+struct ResidualBlockImpl : torch::nn::Module {
+  explicit ResidualBlockImpl(std::int64_t hidden)
+      : fc(register_module("fc", torch::nn::Linear(hidden, hidden))) {}
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ResidualBlock);
+
 /// 20 -> hidden -> 4, with parameters fc1.weight, fc1.bias, fc2.weight, fc2.bias (the names of
 /// tests/ddp/torch_ddp_reference.py's model); with `middle` > 0, 20 -> hidden -> middle -> 4, the
 /// middle layer `mid` a Float8Linear (the one --fp8 converts: the others are first and last).
-/// It supports `--gradient_checkpointing` (the first layer recomputed in the backward).
+/// With `blocks` > 0, that many residual blocks (blocks.<k>.fc, h + relu(fc(h))) after fc1, each
+/// run through run_block and declared in no_split_modules (what --fsdp shards one at a time).
+/// It supports `--gradient_checkpointing` (the first layer and the blocks recomputed in the
+/// backward).
 struct MlpImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing {
-  MlpImpl(std::int64_t hidden, double dropout, std::int64_t middle)
+  MlpImpl(std::int64_t hidden, double dropout, std::int64_t middle, std::int64_t num_blocks = 0)
       : fc1(register_module("fc1", torch::nn::Linear(20, hidden))),
+        blocks(num_blocks > 0 ? register_module("blocks", torch::nn::ModuleList())
+                              : torch::nn::ModuleList(nullptr)),
         mid(middle > 0 ? register_module("mid", mantissa::fp8::Float8Linear(hidden, middle))
                        : mantissa::fp8::Float8Linear(nullptr)),
         drop(register_module("drop", torch::nn::Dropout(dropout))),
-        fc2(register_module("fc2", torch::nn::Linear(middle > 0 ? middle : hidden, 4))) {}
+        fc2(register_module("fc2", torch::nn::Linear(middle > 0 ? middle : hidden, 4))) {
+    for (std::int64_t k = 0; k < num_blocks; ++k) blocks->push_back(ResidualBlock(hidden));
+  }
+  std::vector<std::string> no_split_modules() const override { return {"ResidualBlockImpl"}; }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = maybe_checkpoint(
         is_training(), [this](const torch::Tensor& in) { return torch::relu(fc1(in)); }, x);
+    if (!blocks.is_empty()) {
+      for (const auto& module : *blocks) {
+        auto block = std::dynamic_pointer_cast<ResidualBlockImpl>(module);
+        h = h + run_block(
+                    *block, [block](const torch::Tensor& in) { return torch::relu(block->fc(in)); },
+                    h);
+      }
+    }
     if (!mid.is_empty()) h = torch::relu(mid(h));
     return fc2(drop(h));
   }
   torch::nn::Linear fc1;
+  torch::nn::ModuleList blocks;
   mantissa::fp8::Float8Linear mid;
   torch::nn::Dropout drop;
   torch::nn::Linear fc2;
@@ -138,7 +165,7 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   // Each rank starts from other weights: the Trainer must copy rank 0's (seed 1, the lone
   // process's) to all.
   torch::manual_seed(1 + static_cast<std::uint64_t>(env.rank));
-  Mlp model(o.hidden, o.dropout, o.middle);
+  Mlp model(o.hidden, o.dropout, o.middle, o.blocks);
   if (!init.empty()) {
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) item.value().copy_(init.at(item.key()));
@@ -460,6 +487,7 @@ inline int trainer_check_main(int argc, char** argv,
       o.num_examples = std::stoll(value_of(rest, "--num_examples", "256"));
       o.hidden = std::stoll(value_of(rest, "--hidden", "32"));
       o.middle = std::stoll(value_of(rest, "--middle", "0"));
+      o.blocks = std::stoll(value_of(rest, "--blocks", "0"));
       o.dropout = std::stod(value_of(rest, "--dropout", "0"));
       o.model_dtype = value_of(rest, "--model_dtype", "fp32");
       o.eval = std::stoll(value_of(rest, "--eval", "0"));

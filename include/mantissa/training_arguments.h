@@ -232,15 +232,18 @@
     "Print log lines and the progress bar on the first process of every node; false prints them "  \
     "on rank 0 alone.")                                                                            \
   X(std::string, fsdp, "",                                                                         \
-    "Shard across the processes (HF's FSDP options, space-separated): shard_grad_op splits the "   \
-    "gradients and the optimizer state (Adam moments, fp32 masters) so that each process keeps "   \
-    "1/world_size of them (ZeRO-2); auto_wrap is accepted and changes nothing. Empty: every "       \
-    "process holds the whole state (DDP).")                                                        \
+    "Shard the training state across the processes, as HF's FSDP (version 2) does: a bare --fsdp " \
+    "(or true) shards the parameters, gradients and optimizer state, gathering each block's "       \
+    "parameters just before it runs and freeing them after (ZeRO-3); fsdp_config tunes it. HF's "  \
+    "older option strings still work: full_shard (the same), shard_grad_op (parameters kept "       \
+    "whole, ZeRO-2) and auto_wrap. Empty: every process holds the whole state (DDP).")              \
   X(std::optional<std::string>, fsdp_config, std::nullopt,                                        \
-    "HF's FSDP settings: a JSON object, or the path of a JSON file that holds one. Read: "          \
-    "state_dict_type (FULL_STATE_DICT), reshard_after_forward (false), sync_module_states, "       \
-    "use_orig_params, version, backward_prefetch, forward_prefetch, limit_all_gathers, "          \
-    "min_num_params, transformer_layer_cls_to_wrap; other keys are refused.")                     \
+    "HF's FSDP settings: a JSON object, or the path of a JSON file that holds one. Read: version " \
+    "(2), reshard_after_forward (true), auto_wrap_policy (TRANSFORMER_BASED_WRAP, "                 \
+    "SIZE_BASED_WRAP or NO_WRAP), transformer_layer_cls_to_wrap (default: the model's "             \
+    "no_split_modules), min_num_params, state_dict_type (FULL_STATE_DICT), "                       \
+    "activation_checkpointing, cpu_ram_efficient_loading, cpu_offload; FSDP1's keys are accepted "  \
+    "and change nothing; other keys are refused.")                                                 \
   /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */         \
   X(bool, cuda_graph, false,                                                                       \
     "After the warm-up steps, record one whole training step (forward, backward, unscale, "        \
@@ -408,6 +411,9 @@ class TrainingArguments {
   bool resolved_ddp_broadcast_buffers() const;
   /// Whether `fsdp` asks for `shard_grad_op` (ZeRO-2: gradients and optimizer state sharded).
   bool fsdp_shards_grad_op() const;
+  /// Whether `fsdp` and `fsdp_config` ask for the parameters sharded too (a bare `--fsdp`,
+  /// `full_shard`, or `reshard_after_forward` true: ZeRO-3).
+  bool fsdp_shards_parameters() const;
 
   /// The FP8 recipe of `fp8_recipe`, `fp8_format`, `fp8_amax_history_len`,
   /// `fp8_amax_compute_algo` and `fp8_margin` (meaningful when `fp8`). Python: TE's

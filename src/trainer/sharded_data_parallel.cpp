@@ -1,10 +1,36 @@
 #include "trainer/sharded_data_parallel.h"
 
+#include <limits>
+#include <unordered_map>
+
 #include <fmt/format.h>
 
 #include <mantissa/distributed.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 
 namespace mantissa::detail {
+
+/// Runs the model's blocks through the units that hold their parameters; a block that is no
+/// unit (its parameters are the root's, gathered for the whole forward) runs directly.
+class UnitRunner final : public nn::BlockRunner {
+ public:
+  explicit UnitRunner(const std::vector<sharded::BlockUnit>& blocks) {
+    for (std::size_t b = 0; b < blocks.size(); ++b) unit_of_[blocks[b].module] = b + 1;
+  }
+  /// The units, once made (before that, blocks run directly: nothing is sharded yet).
+  void attach(sharded::ParameterUnits* units) { units_ = units; }
+  at::Tensor run(const torch::nn::Module& block, const nn::BlockFunction& fn,
+                 const at::Tensor& x) override {
+    const auto found = unit_of_.find(&block);
+    if (units_ == nullptr || found == unit_of_.end()) return fn(x);
+    return units_->run_block(found->second, fn, x);
+  }
+
+ private:
+  std::unordered_map<const torch::nn::Module*, std::size_t> unit_of_;
+  sharded::ParameterUnits* units_ = nullptr;
+};
+
 namespace {
 
 constexpr std::int64_t kMiB = 1024 * 1024;
@@ -31,30 +57,67 @@ std::string bytes_text(std::int64_t bytes) {
 }  // namespace
 
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<Collectives> collectives,
-                                         const TrainingArguments& args)
-    : ProcessGroupStrategy(std::move(collectives), args) {}
+                                         const TrainingArguments& args,
+                                         const FsdpSettings& settings)
+    : ProcessGroupStrategy(std::move(collectives), args), settings_(settings) {
+  TORCH_INTERNAL_ASSERT(settings_.enabled, "ShardedDataParallel: fsdp is off");
+}
 
-ShardedDataParallel::~ShardedDataParallel() = default;
+ShardedDataParallel::~ShardedDataParallel() {
+  if (runner_ != nullptr) runner_->attach(nullptr);
+}
 
 std::string ShardedDataParallel::describe() const {
-  return fmt::format(" x {} processes ({}, rank {}, fsdp shard_grad_op: gradients and optimizer "
-                     "state sharded)",
-                     world_size(), distributed::backend_name(collectives().backend()), rank());
+  const auto where = fmt::format(" x {} processes ({}, rank {}, ", world_size(),
+                                 distributed::backend_name(collectives().backend()), rank());
+  if (!full()) return where + "fsdp shard_grad_op: gradients and optimizer state sharded)";
+  return where + fmt::format("fsdp full sharding: parameters, gradients and optimizer state "
+                             "sharded, gathered per unit: {} block(s) and the root)",
+                             blocks_.size());
 }
 
 void ShardedDataParallel::prepare_model(torch::nn::Module& module) {
   agree_on_model(module, /*with_buffers=*/true);
   module_ = &module;
+  if (!full()) return;
+  auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(&module);
+  const auto declared = model != nullptr ? model->no_split_modules() : std::vector<std::string>{};
+  // Found everywhere before anyone stops: a bad class name fails on every rank alike.
+  blocks_ = sharded::find_block_units(module, settings_, declared);
+  std::string listed;
+  for (const auto& block : blocks_) listed += block.name + " (" + block.class_name + ") ";
+  check_same_text(listed, "the blocks fsdp shards one at a time");
+  if (blocks_.empty()) {
+    TORCH_WARN_ONCE("fsdp: ", module.name(),
+                    " has no block to shard one at a time (its no_split_modules() names none, "
+                    "or fsdp_config's policy takes none), so the whole model is one unit, "
+                    "gathered for each forward and backward; declare the blocks "
+                    "(docs/distributed.md, \"Declaring blocks\") to hold less");
+    return;
+  }
+  TORCH_CHECK_VALUE(model != nullptr, "fsdp: ", module.name(),
+                    " has blocks to shard but does not derive from "
+                    "mantissa::nn::SupportsGradientCheckpointing, through whose run_block the "
+                    "Trainer gathers each block (docs/distributed.md, \"Declaring blocks\")");
+  runner_ = std::make_shared<UnitRunner>(blocks_);
+  model->set_block_runner(runner_);
 }
 
 ForwardScope ShardedDataParallel::forward_context(const ForwardPass& pass) {
   if (pass.training) {
     TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: make_optimizer was not called");
   }
-  return {};
+  if (units_ == nullptr) return {};
+  if (pass.training) whole_after_training_.reset();
+  units_->check_blocks_ran();
+  units_->begin_forward();
+  return ForwardScope([units = units_.get(), training = pass.training] {
+    units->end_forward(training);
+  });
 }
 
 void ShardedDataParallel::before_backward(const torch::Tensor& /*loss*/, bool sync) {
+  if (units_ != nullptr) units_->check_blocks_ran();
   grads_->prepare_for_backward(sync);
 }
 
@@ -91,8 +154,27 @@ OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args
     options.back().weight_decay(g == 0 && first_group_decays ? args.weight_decay() : 0.0);
   }
   const auto& group = collectives().group();
-  flat_ = std::make_unique<sharded::FlatParameters>(groups, rank(), world_size(),
-                                                    args.resolved_ddp_bucket_cap_mb() * kMiB);
+  if (full()) {
+    const auto inputs = unit_inputs(param_groups);
+    flat_ = std::make_unique<sharded::FlatParameters>(
+        inputs, rank(), world_size(), std::numeric_limits<std::int64_t>::max(),
+        sharded::FlatStorage::kShardsOnly);
+    // The global norm sums the per-parameter norms in data parallel's order: group by group.
+    std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+    for (std::size_t i = 0; i < inputs.size(); ++i) index[inputs[i].tensor.unsafeGetTensorImpl()] = i;
+    std::vector<std::size_t> order;
+    for (const auto& group : param_groups) {
+      for (const auto& p : group.params()) order.push_back(index.at(p.unsafeGetTensorImpl()));
+    }
+    flat_->set_norm_order(std::move(order));
+    std::vector<std::string> names{"the root"};
+    for (const auto& block : blocks_) names.push_back(block.name);
+    units_ = std::make_unique<sharded::ParameterUnits>(*flat_, group, std::move(names));
+    if (runner_ != nullptr) runner_->attach(units_.get());
+  } else {
+    flat_ = std::make_unique<sharded::FlatParameters>(groups, rank(), world_size(),
+                                                      args.resolved_ddp_bucket_cap_mb() * kMiB);
+  }
   grads_ = std::make_unique<sharded::GradientReduceScatter>(*flat_, group);
   shards_ = std::make_unique<sharded::ShardedAdamW>(
       *flat_, *grads_, std::move(options), plan.weights == WeightsMode::kFp32Masters, group);
@@ -105,9 +187,38 @@ OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args
   return setup;
 }
 
+std::vector<sharded::FlatInput> ShardedDataParallel::unit_inputs(
+    const std::vector<torch::optim::OptimizerParamGroup>& groups) const {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> group_of;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) group_of[p.unsafeGetTensorImpl()] = g;
+  }
+  std::unordered_map<const c10::TensorImpl*, std::size_t> unit_of;
+  for (std::size_t b = 0; b < blocks_.size(); ++b) {
+    for (const auto& p : blocks_[b].module->parameters()) unit_of[p.unsafeGetTensorImpl()] = b + 1;
+  }
+  // Per unit, per group, in the module's parameter order.
+  std::vector<std::vector<std::vector<torch::Tensor>>> sorted(
+      blocks_.size() + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
+  for (const auto& p : module_->parameters()) {
+    const auto g = group_of.find(p.unsafeGetTensorImpl());
+    if (g == group_of.end()) continue;  // frozen: kept whole, as it is
+    const auto u = unit_of.find(p.unsafeGetTensorImpl());
+    sorted[u == unit_of.end() ? 0 : u->second][g->second].push_back(p);
+  }
+  std::vector<sharded::FlatInput> inputs;
+  for (std::size_t u = 0; u < sorted.size(); ++u) {
+    for (std::size_t g = 0; g < sorted[u].size(); ++g) {
+      for (const auto& p : sorted[u][g]) inputs.push_back(sharded::FlatInput{p, g, u});
+    }
+  }
+  return inputs;
+}
+
 void ShardedDataParallel::finish_gradients() {
   grads_->finish_backward();
   shards_->prepare_grads();
+  if (units_ != nullptr) units_->finish();
 }
 
 torch::Tensor ShardedDataParallel::clip_grad_norm_(const std::vector<torch::Tensor>& /*params*/,
@@ -115,7 +226,50 @@ torch::Tensor ShardedDataParallel::clip_grad_norm_(const std::vector<torch::Tens
   return shards_->clip_grad_norm_(max_norm);
 }
 
-void ShardedDataParallel::after_optimizer_step() { shards_->all_gather_params(); }
+void ShardedDataParallel::after_optimizer_step() {
+  if (!full()) shards_->all_gather_params();
+}
+
+io::NamedTensors ShardedDataParallel::model_state_dict(const torch::nn::Module& module) const {
+  if (units_ == nullptr) return Strategy::model_state_dict(module);
+  // Unit by unit: no process ever holds more than one unit gathered (plus rank 0's copies).
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> copies;
+  for (std::size_t u = 0; u < units_->size(); ++u) {
+    units_->gather(u);
+    if (should_save()) {
+      for (const auto& p : units_->params(u)) {
+        copies[p.unsafeGetTensorImpl()] = p.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                        /*copy=*/true);
+      }
+    }
+    units_->release(u);
+  }
+  if (!should_save()) return {};
+  auto state = io::module_state_dict(module);
+  for (auto& entry : state) {
+    const auto copy = copies.find(entry.second.unsafeGetTensorImpl());
+    if (copy != copies.end()) entry.second = copy->second;
+  }
+  return state;
+}
+
+void ShardedDataParallel::load_model_state_dict(torch::nn::Module& module,
+                                                const io::NamedTensors& state,
+                                                const std::string& origin) {
+  if (units_ == nullptr) return Strategy::load_model_state_dict(module, state, origin);
+  sharded::ParameterUnits::Pin whole(*units_);
+  Strategy::load_model_state_dict(module, state, origin);
+  torch::NoGradGuard no_grad;
+  const auto& buckets = flat_->layout().buckets;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    flat_->shard(b).copy_(
+        flat_->buffer(b).narrow(0, buckets[b].shard_begin(rank()), buckets[b].shard_numel));
+  }
+}
+
+void ShardedDataParallel::after_training() {
+  if (units_ != nullptr && !whole_after_training_) whole_after_training_.emplace(*units_);
+}
 
 void ShardedDataParallel::after_weights_loaded() { shards_->copy_model_to_masters(); }
 
@@ -141,6 +295,29 @@ std::pair<std::int64_t, std::int64_t> ShardedDataParallel::optimizer_state_bytes
 std::string ShardedDataParallel::describe_optimizer_state() const {
   const auto [mine, unsharded] = optimizer_state_bytes();
   const auto& layout = flat_->layout();
+  if (full()) {
+    // Parameters and their gradients: shards here, whole tensors under data parallel.
+    std::int64_t shard_bytes = 0;
+    std::int64_t whole_bytes = 0;
+    for (const auto& bucket : layout.buckets) {
+      const auto element = static_cast<std::int64_t>(c10::elementSize(bucket.dtype));
+      shard_bytes += bucket.shard_numel * element;
+      whole_bytes += bucket.numel * element;
+    }
+    std::int64_t block_gather = 0;
+    for (std::size_t u = 1; u < units_->size(); ++u) {
+      block_gather = std::max(block_gather, units_->gathered_bytes(u));
+    }
+    return fmt::format(
+        "mantissa: rank {} holds parameters {}, gradients {} and optimizer state {} (1/{} "
+        "shards of {} units, {} padding elements); gathering adds the root's {} for a step "
+        "and a block's {} at most (two blocks at once while the next one's gather overlaps); "
+        "data parallel would hold {} + {} + {} on every process",
+        rank(), bytes_text(shard_bytes), bytes_text(shard_bytes), bytes_text(mine),
+        world_size(), units_->size(), layout.padding_numel(),
+        bytes_text(units_->gathered_bytes(0)), bytes_text(block_gather), bytes_text(whole_bytes),
+        bytes_text(whole_bytes), bytes_text(unsharded));
+  }
   return fmt::format(
       "mantissa: optimizer state per process {} (its 1/{} shard of {} buckets, {} padding "
       "elements in all); data parallel would hold {} on every process",
@@ -176,6 +353,9 @@ std::vector<torch::Tensor> ShardedDataParallel::optimized_tensors(
 
 void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                           const CheckpointParts& parts) {
+  // Full sharding: the whole model gathered while rank 0 puts the unsharded state together.
+  std::optional<sharded::ParameterUnits::Pin> whole_model;
+  if (units_ != nullptr) whole_model.emplace(*units_);
   auto full = sharded::gather_full_state(*shards_);
   OptimizerSetup whole;
   const bool built = passed_everywhere([&] {
@@ -201,6 +381,8 @@ void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
 }
 
 void ShardedDataParallel::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
+  std::optional<sharded::ParameterUnits::Pin> whole_model;
+  if (units_ != nullptr) whole_model.emplace(*units_);
   OptimizerSetup whole;
   const auto through_strategy = loading_through_strategy(parts);
   checkpoint_io().load(

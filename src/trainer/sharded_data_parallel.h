@@ -1,42 +1,63 @@
 #pragma once
-// The sharded data-parallel strategy (ZeRO-2, `--fsdp shard_grad_op`): every process holds the
-// whole model, but the gradients are reduce-scattered so that each process receives the
-// averaged gradient of its shard only, and the optimizer state (Adam moments, fp32 masters)
-// exists for that shard only. Each process updates its shard, and the updated weights are
-// all-gathered into every process's model. The pieces are in src/trainer/sharded/; this class
-// wires them into the Trainer. Python: HF's `--fsdp shard_grad_op`, FSDP2's
-// `fully_shard(module, reshard_after_forward=False)`, DeepSpeed ZeRO stage 2.
+// The sharded data-parallel strategy, in HF's two FSDP modes:
+//   shard_grad_op (ZeRO-2, `reshard_after_forward` false): every process holds the whole model,
+//     the gradients are reduce-scattered so that each process receives the averaged gradient of
+//     its shard only, the optimizer state (Adam moments, fp32 masters) exists for that shard
+//     only, and after each update the new weights are all-gathered into every process's model.
+//   full sharding (ZeRO-3, a bare `--fsdp`): the parameters too live as shards; each block's
+//     parameters are all-gathered just before the block runs and freed after, in the forward and
+//     again in the backward (sharded/parameter_units.h), so that a process holds 1/world_size of
+//     the model plus the blocks in use.
+// The pieces are in src/trainer/sharded/; this class wires them into the Trainer. Python: HF's
+// `--fsdp`, FSDP2's `fully_shard(block)` per block and on the root, DeepSpeed ZeRO stage 2 / 3.
 
 #include <memory>
+#include <optional>
+#include <unordered_map>
 
 #include "trainer/process_group_strategy.h"
+#include "trainer/sharded/block_units.h"
 #include "trainer/sharded/flat_parameters.h"
 #include "trainer/sharded/full_state.h"
 #include "trainer/sharded/gradient_reduce_scatter.h"
+#include "trainer/sharded/parameter_units.h"
 #include "trainer/sharded/sharded_adamw.h"
+#include "training_arguments/fsdp_checks.h"
 
 namespace mantissa::detail {
 
-/// Several processes, each with the whole model and 1/world_size of the gradients and of the
-/// optimizer state. Checkpoints hold the whole state (HF's FULL_STATE_DICT), gathered on rank 0,
-/// in the files an unsharded run writes: a single process and a DDP run resume them, and a
-/// sharded run resumes theirs, at any world size.
+class UnitRunner;
+
+/// Several processes, each with 1/world_size of the gradients and of the optimizer state, and
+/// with full sharding of the parameters. Checkpoints hold the whole state (HF's
+/// FULL_STATE_DICT), gathered on rank 0, in the files an unsharded run writes: a single process
+/// and a DDP run resume them, and a sharded run resumes theirs, at any world size.
 class ShardedDataParallel final : public ProcessGroupStrategy {
  public:
-  /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`).
-  ShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args);
+  /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`), in the mode
+  /// `settings` ask for (`shards_grad_op()` or `shards_parameters()`).
+  ShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args,
+                      const FsdpSettings& settings);
   ~ShardedDataParallel() override;
 
   std::string describe() const override;
 
   /// The same parameters everywhere and rank 0's weights and buffers copied to every process
-  /// (FSDP's `sync_module_states`), once; buffers are not broadcast before each forward.
+  /// (FSDP's `sync_module_states`), once; buffers are not broadcast before each forward. With
+  /// full sharding, also finds the blocks that become units (`find_block_units`), checks that
+  /// every process found the same, and installs the runner that gathers them.
   void prepare_model(torch::nn::Module& module) override;
+  /// Full sharding: gathers the root unit (and, the first time, every unit, to find a block the
+  /// model does not run through `run_block`); an evaluation pass frees them when it ends.
   ForwardScope forward_context(const ForwardPass& pass) override;
   /// Arms the reduce-scatter hooks for a synced backward, else lets gradients accumulate.
   void before_backward(const torch::Tensor& loss, bool sync) override;
   bool run_step(const std::function<bool()>& step) const override;
   std::optional<std::string> cuda_graph_blocker() const override;
+  /// None: the reduce-scatter hooks need no search for unused parameters.
+  std::optional<std::string> gradient_checkpointing_blocker() const override {
+    return std::nullopt;
+  }
 
   /// Flattens the parameters of HF's weight-decay groups into buckets, installs the
   /// reduce-scatter hooks and builds FusedAdamW over this process's shards (fp32 masters of the
@@ -47,18 +68,30 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
                                 const PrecisionPlan& plan, const OptimizerFactory& factory,
                                 amp::GradScaler& scaler) override;
   /// Waits for the reduce-scatters and puts each averaged shard gradient into the optimizer's
-  /// tensors. A collective.
+  /// tensors; with full sharding, frees every unit still gathered. A collective.
   void finish_gradients() override;
   bool unscales_before_step() const override { return true; }
   /// The global norm from every process's shards (one allreduce).
   torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params,
                                 double max_norm) override;
-  /// All-gathers the updated shards into every process's parameters. A collective.
+  /// shard_grad_op: all-gathers the updated shards into every process's parameters. A
+  /// collective. Full sharding: nothing (the next forward gathers).
   void after_optimizer_step() override;
   /// Copies the model's (just loaded) weights into the fp32 master shards.
   void after_weights_loaded() override;
-  /// "optimizer state per process: ... MiB (1/2 of the ... MiB data parallel holds)".
+  /// Full sharding: every unit gathered and kept so until the next training forward.
+  void after_training() override;
+  /// "optimizer state per process: ... MiB (1/2 of the ... MiB data parallel holds)"; with full
+  /// sharding the parameters, gradients and a unit's gather too.
   std::string describe_optimizer_state() const override;
+
+  /// Full sharding: the whole parameters, gathered unit by unit (each freed before the next),
+  /// copied to the CPU on rank 0; the other ranks get an empty list. A collective.
+  io::NamedTensors model_state_dict(const torch::nn::Module& module) const override;
+  /// Full sharding: the whole model gathered, `state` loaded into it, each process's shards
+  /// taken from it, freed again. Syncs.
+  void load_model_state_dict(torch::nn::Module& module, const io::NamedTensors& state,
+                             const std::string& origin) override;
 
   /// Gathers the whole optimizer state (and the masters) on rank 0, which writes them as an
   /// unsharded run would; then the shared protocol. A collective.
@@ -79,11 +112,24 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// The tensors `whole`'s optimizer updates, in the order of `FlatParameters::params()`.
   std::vector<torch::Tensor> optimized_tensors(const OptimizerSetup& whole) const;
 
+  /// Whether the parameters are sharded (full sharding) rather than kept whole.
+  bool full() const noexcept { return settings_.shards_parameters(); }
+  /// The flat parameters in units: the root's first (its buckets come last in backward), then
+  /// each block's, each unit's grouped by param group. Full sharding only.
+  std::vector<sharded::FlatInput> unit_inputs(
+      const std::vector<torch::optim::OptimizerParamGroup>& groups) const;
+
+  FsdpSettings settings_;
   torch::nn::Module* module_ = nullptr;  ///< set by prepare_model
   PrecisionPlan plan_;                   ///< set by make_optimizer
+  std::vector<sharded::BlockUnit> blocks_;  ///< full sharding: units 1.., from prepare_model
+  std::shared_ptr<UnitRunner> runner_;      ///< full sharding: installed on the model
   std::unique_ptr<sharded::FlatParameters> flat_;
   std::unique_ptr<sharded::GradientReduceScatter> grads_;
   std::unique_ptr<sharded::ShardedAdamW> shards_;
+  std::unique_ptr<sharded::ParameterUnits> units_;  ///< full sharding only
+  /// Full sharding: the whole model held after `train()` returned (declared after `units_`).
+  std::optional<sharded::ParameterUnits::Pin> whole_after_training_;
 };
 
 }  // namespace mantissa::detail

@@ -63,8 +63,9 @@ torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params
 
 std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device) {
   if (auto collectives = Collectives::join_if_launched(args, device)) {
-    if (args.fsdp_shards_grad_op()) {
-      return std::make_unique<ShardedDataParallel>(std::move(collectives), args);
+    const auto fsdp = read_fsdp_settings(args.fsdp(), args.fsdp_config());
+    if (fsdp.enabled) {
+      return std::make_unique<ShardedDataParallel>(std::move(collectives), args, fsdp);
     }
     return std::make_unique<DataParallel>(std::move(collectives), args);
   }

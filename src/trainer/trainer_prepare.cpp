@@ -8,6 +8,7 @@
 #include "fp8/trainer_fp8.h"
 #include "trainer/precision_plan.h"
 #include "trainer/trainer_impl.h"
+#include "training_arguments/fsdp_checks.h"
 
 namespace mantissa {
 
@@ -21,7 +22,11 @@ void Trainer::Impl::prepare() {
   if (plan_.param_dtype != detail::floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
   if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
-  if (args_.gradient_checkpointing()) enable_gradient_checkpointing();
+  // fsdp_config's activation_checkpointing is the same recompute, asked through FSDP.
+  const auto fsdp = detail::read_fsdp_settings(args_.fsdp(), args_.fsdp_config());
+  if (args_.gradient_checkpointing() || (fsdp.enabled && fsdp.activation_checkpointing)) {
+    enable_gradient_checkpointing();
+  }
   // Before the fp32 masters copy the weights: among several processes they are rank 0's now.
   strategy_->prepare_model(*module_);
   // Before the optimizer: a sharded strategy tells it how to agree on inf/nan.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/core.h>
 #include <torch/utils.h>
 
 #include <ATen/Parallel.h>
@@ -72,7 +73,14 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
       resume ? fmt::format(", resuming at step {}", state_.global_step) : "",
       detail::emulated_bf16_note(device_.is_cpu(), plan_.compute_dtype,
                                  detail::query_device_info().cpu_native_bf16)));
-  if (const auto held = strategy_->describe_optimizer_state(); !held.empty()) progress.print(held);
+  // Every process says what it holds: under sharding the ranks' shares differ by padding.
+  if (const auto held = strategy_->describe_optimizer_state(); !held.empty()) {
+    if (strategy_->should_log()) {
+      progress.print(held);
+    } else {
+      fmt::print(stderr, "{}\n", held);
+    }
+  }
 
   detail::LossWindow loss_window(device_, args_.logging_nan_inf_filter());
   detail::EagerEngine eager(step_parts(loss_window));
@@ -98,6 +106,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
                              engine, callbacks_, state_, control_, loss_window, progress,
                              std::move(actions)});
   const auto result = loop.run();
+  strategy_->after_training();
   return TrainOutput{state_.global_step, result.training_loss, result.metrics};
 }
 

@@ -279,13 +279,18 @@ std::string field_help(const std::string& help, const ReportTo& /*value*/) {
 template <class T, class Access>
 void add_field(Cli& cli, const std::string& name, const std::string& help, const T& default_value,
                const T& shown_default, Access access) {
-  const Setter set = [access](TrainingArguments& args, const std::string& flag,
-                              const std::string& value) { from_cli(flag, value, access(args)); };
+  // `--fsdp` alone means true (HF's nargs="?", const=True); CLI11 hands it over empty.
+  const bool bare_means_true = name == "fsdp";
+  const Setter set = [access, bare_means_true](TrainingArguments& args, const std::string& flag,
+                                               const std::string& value) {
+    from_cli(flag, bare_means_true && value.empty() ? std::string("true") : value, access(args));
+  };
   const std::string type_text = CliType<T>::name();
   const std::string description =
       field_help(help, default_value) + " (default: " + detail::help_repr(shown_default) + ")";
-  CLI::Option* main = add_value_option(cli, "--" + name, description, is_bool_field<T>,
-                                       is_list_field<T>, type_text);
+  CLI::Option* main = add_value_option(cli, "--" + name, description,
+                                       is_bool_field<T> || bare_means_true, is_list_field<T>,
+                                       type_text);
   cli.bindings.emplace(main, Binding{"--" + name, set});
   if (name.find('_') != std::string::npos) {
     // HfArgumentParser also takes the dashed spelling; the footer says so once instead of

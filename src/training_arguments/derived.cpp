@@ -50,7 +50,11 @@ bool TrainingArguments::resolved_ddp_broadcast_buffers() const {
 }
 
 bool TrainingArguments::fsdp_shards_grad_op() const {
-  return detail::read_fsdp_settings(fsdp_, fsdp_config_).shard_grad_op;
+  return detail::read_fsdp_settings(fsdp_, fsdp_config_).shards_grad_op();
+}
+
+bool TrainingArguments::fsdp_shards_parameters() const {
+  return detail::read_fsdp_settings(fsdp_, fsdp_config_).shards_parameters();
 }
 
 fp8::Float8Recipe TrainingArguments::float8_recipe() const {

@@ -398,21 +398,26 @@ void check_distributed(const TrainingArguments& args) {
 
 // Sharding (fsdp): the options, and what a sharded run cannot combine with.
 void check_fsdp(const TrainingArguments& args) {
-  if (!detail::read_fsdp_settings(args.fsdp(), args.fsdp_config()).shard_grad_op) return;
-  TORCH_CHECK_VALUE(
-      optim::find_optimizer(args.optim().name())->shardable,
-      "fsdp shard_grad_op shards mantissa's FusedAdamW; optim ", detail::repr(args.optim()),
-      " cannot be sharded: use adamw_torch_fused (the default)");
-  TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(),
-                    "fsdp shard_grad_op keeps the parameters in flat buffers, which casting the "
-                    "model for bf16_full_eval or fp16_full_eval would replace; evaluate under "
-                    "autocast instead (--bf16 or --fp16 without full_eval)");
-  TORCH_CHECK_VALUE(!args.save_on_each_node(),
-                    "fsdp shard_grad_op puts the optimizer state together on rank 0 to save it, "
-                    "so only rank 0 can write checkpoints; save_on_each_node must be false");
-  TORCH_CHECK_VALUE(!args.cuda_graph(),
-                    "fsdp shard_grad_op reduce-scatters gradients from autograd hooks, which a "
-                    "CUDA graph cannot replay; cuda_graph must be false");
+  const auto settings = detail::read_fsdp_settings(args.fsdp(), args.fsdp_config());
+  if (!settings.enabled) return;
+  const char* mode = settings.shards_parameters() ? "fsdp (full sharding)" : "fsdp shard_grad_op";
+  TORCH_CHECK_VALUE(optim::find_optimizer(args.optim().name())->shardable, mode,
+                    " shards mantissa's FusedAdamW; optim ", detail::repr(args.optim()),
+                    " cannot be sharded: use adamw_torch_fused (the default)");
+  TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(), mode,
+                    " keeps the parameters in flat buffers, which casting the model for "
+                    "bf16_full_eval or fp16_full_eval would replace; evaluate under autocast "
+                    "instead (--bf16 or --fp16 without full_eval)");
+  TORCH_CHECK_VALUE(!args.save_on_each_node(), mode,
+                    " puts the optimizer state together on rank 0 to save it, so only rank 0 "
+                    "can write checkpoints; save_on_each_node must be false");
+  TORCH_CHECK_VALUE(!args.cuda_graph(), mode,
+                    " reduce-scatters gradients from autograd hooks, which a CUDA graph cannot "
+                    "replay; cuda_graph must be false");
+  TORCH_CHECK_VALUE(!(settings.activation_checkpointing && args.gradient_checkpointing()),
+                    "fsdp_config's activation_checkpointing and --gradient_checkpointing both "
+                    "ask to recompute the blocks in the backward; set one of them (HF refuses "
+                    "both too)");
 }
 
 // Whether this machine can run the requested precision. Only asked when a precision mode needs

@@ -11,6 +11,17 @@ keeps its shard of them, gradients are reduce-scattered, AdamW updates each rank
 the DTensor parameters, and micro-batches that do not end a group run with
 set_requires_gradient_sync(False) instead of no_sync().
 
+--blocks N (N > 0) puts N residual blocks of width 32 between fc1 and fc2, the twin of the
+C++ checks' block model: each block is a module holding one Linear(32, 32) named `fc`, and
+adds relu(fc(h)) to its input. --strategy fully_shard_blocks is then ZeRO-3 as FSDP2 spells it,
+the reference of mantissa's --fsdp full_shard: fully_shard(block, reshard_after_forward=True)
+on every block, one communication unit each, then fully_shard(model,
+reshard_after_forward=True) on the root for fc1 and fc2. A block's whole weights exist only
+while its forward or backward runs; accumulation micro-batches skip the gradient
+reduce-scatter the same way as fully_shard. --gradient_checkpointing recomputes each block's
+relu(fc(h)) in the backward instead of keeping its activations (torch.utils.checkpoint,
+use_reentrant=False, training only; the residual sum stays outside the recomputed part).
+
 Every rank trains the same small classifier with torch.nn.parallel.DistributedDataParallel on
 Gloo, following the steps a Hugging Face Trainer (transformers 5) takes for the same arguments,
 written out in plain PyTorch so that nothing is hidden behind accelerate:
@@ -19,7 +30,10 @@ written out in plain PyTorch so that nothing is hidden behind accelerate:
              every rank.
   model      torch.manual_seed(1); fc1 = Linear(20, 32), ReLU, fc2 = Linear(32, 4), wrapped in
              DDP (bucket_cap_mb=25, broadcast_buffers, no unused-parameter search), which copies
-             rank 0's weights to the others before the first step.
+             rank 0's weights to the others before the first step. With --blocks N the layers
+             are created in the order fc1, blocks.0.fc, ..., blocks.{N-1}.fc, fc2 under that
+             seed, and the forward is h = relu(fc1(x)), h = h + relu(blocks[i].fc(h)) for each
+             block in turn, fc2(h). There is no dropout in either model.
   order      DistributedSampler(shuffle=True, seed=--seed, drop_last=False) with set_epoch(e)
              at the start of epoch e, batches of --per_device_train_batch_size in that order
              (the last batch of an epoch may be shorter). Epochs repeat until --max_steps
@@ -49,8 +63,10 @@ file):
                                              divided losses, averaged over the ranks: the loss
                                              HF logs for that step with logging_steps=1
 
-with <name> in fc1.weight, fc1.bias, fc2.weight, fc2.bias, and every option used (plus the world
-size and the torch version) as string metadata.
+with <name> in fc1.weight, fc1.bias, fc2.weight, fc2.bias (with --blocks N also
+blocks.<i>.fc.weight and blocks.<i>.fc.bias for i < N), and every option used (among them
+blocks, strategy and gradient_checkpointing; plus the world size and the torch version) as
+string metadata.
 
 With N a multiple of world_size x batch size, one process with batch B x world_size follows the
 same trajectory as world_size processes with batch B, up to float rounding: the union of the
@@ -69,6 +85,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -84,12 +101,24 @@ def parse_args():
     p.add_argument("--max_grad_norm", type=float, default=1.0, help="0 turns clipping off")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: forward and loss under CPU bf16 autocast, fp32 weights")
-    p.add_argument("--strategy", choices=["ddp", "fully_shard"], default="ddp",
-                   help="fully_shard: FSDP2 with reshard_after_forward=False (SHARD_GRAD_OP)")
+    p.add_argument("--strategy", choices=["ddp", "fully_shard", "fully_shard_blocks"], default="ddp",
+                   help="fully_shard: FSDP2 on the whole model with reshard_after_forward=False "
+                        "(SHARD_GRAD_OP); fully_shard_blocks: FSDP2 on every block, then on the root, "
+                        "with reshard_after_forward=True (FULL_SHARD; needs --blocks)")
+    p.add_argument("--blocks", type=int, default=0,
+                   help="residual blocks of width 32 between fc1 and fc2 (0: the plain two-layer model)")
+    p.add_argument("--gradient_checkpointing", action="store_true",
+                   help="recompute every block's relu(fc(h)) in the backward (needs --blocks)")
     args = p.parse_args()
     for name in ("num_examples", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.blocks < 0:
+        p.error(f"--blocks must not be negative, got {args.blocks}")
+    if args.strategy == "fully_shard_blocks" and args.blocks == 0:
+        p.error("--strategy fully_shard_blocks shards block by block, so it needs --blocks 1 or more")
+    if args.gradient_checkpointing and args.blocks == 0:
+        p.error("--gradient_checkpointing recomputes the blocks, so it needs --blocks 1 or more")
     if args.max_grad_norm < 0:
         p.error(f"--max_grad_norm must not be negative, got {args.max_grad_norm}")
     return args
@@ -102,8 +131,45 @@ def make_data(num_examples):
     return x, y
 
 
-def make_model():
+class Block(nn.Module):
+    """One residual block's branch: relu(fc(h)). The caller adds h, so that gradient
+    checkpointing recomputes the branch alone, and FSDP2's hooks on the block wrap exactly the
+    part that uses its weights."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, h):
+        return torch.relu(self.fc(h))
+
+
+class BlockMlp(nn.Module):
+    """fc1, `num_blocks` residual blocks, fc2 (see the module's docstring)."""
+
+    def __init__(self, num_blocks, gradient_checkpointing):
+        super().__init__()
+        self.fc1 = nn.Linear(20, 32)
+        self.blocks = nn.ModuleList(Block(32) for _ in range(num_blocks))
+        self.fc2 = nn.Linear(32, 4)
+        self.gradient_checkpointing = gradient_checkpointing
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        for block in self.blocks:
+            # The block itself is the function checkpointed, not block.fc: under
+            # fully_shard_blocks its FSDP2 hooks gather the weights before fc runs.
+            if self.gradient_checkpointing and self.training:
+                h = h + checkpoint(block, h, use_reentrant=False)
+            else:
+                h = h + block(h)
+        return self.fc2(h)
+
+
+def make_model(num_blocks=0, gradient_checkpointing=False):
     torch.manual_seed(1)
+    if num_blocks > 0:
+        return BlockMlp(num_blocks, gradient_checkpointing)
     return nn.Sequential(collections.OrderedDict(
         fc1=nn.Linear(20, 32), relu=nn.ReLU(), fc2=nn.Linear(32, 4)))
 
@@ -117,12 +183,17 @@ def weights(module, prefix):
 
 
 class ShardedModel:
-    """FSDP2's fully_shard(model, reshard_after_forward=False) behind the two things train() asks
-    of a DDP object: `.module` and a `no_sync()` context."""
+    """FSDP2 behind the two things train() asks of a DDP object: `.module` and a `no_sync()`
+    context. `per_block` False: fully_shard(model, reshard_after_forward=False), one unit
+    (SHARD_GRAD_OP). True: fully_shard(block, reshard_after_forward=True) on each of
+    model.blocks, then the same on the root, which keeps fc1 and fc2 (FULL_SHARD)."""
 
-    def __init__(self, model):
+    def __init__(self, model, per_block=False):
         from torch.distributed.fsdp import fully_shard
-        fully_shard(model, reshard_after_forward=False)
+        if per_block:
+            for block in model.blocks:
+                fully_shard(block, reshard_after_forward=True)
+        fully_shard(model, reshard_after_forward=per_block)
         self.module = model
 
     def __call__(self, x):
@@ -136,6 +207,7 @@ class ShardedModel:
 
     @contextlib.contextmanager
     def no_sync(self):
+        # On the root this reaches every fully_shard module under it (recurse=True).
         self.module.set_requires_gradient_sync(False)
         try:
             yield
@@ -159,10 +231,11 @@ def train(args, rank, world_size):
     """Runs the training; returns (initial weights, final weights, loss of each step)."""
     x, y = make_data(args.num_examples)
     dataset = TensorDataset(x, y)
-    if args.strategy == "fully_shard":
-        ddp = ShardedModel(make_model())
+    model = make_model(args.blocks, args.gradient_checkpointing)
+    if args.strategy in ("fully_shard", "fully_shard_blocks"):
+        ddp = ShardedModel(model, per_block=args.strategy == "fully_shard_blocks")
     else:
-        ddp = DistributedDataParallel(make_model(), find_unused_parameters=False,
+        ddp = DistributedDataParallel(model, find_unused_parameters=False,
                                       broadcast_buffers=True, bucket_cap_mb=25)
     init = weights(ddp.module, "init")
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,

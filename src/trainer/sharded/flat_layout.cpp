@@ -67,8 +67,8 @@ FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t w
   layout.where.resize(params.size());
 
   const auto close = [&](FlatBucket& bucket) {
-    const std::int64_t unit = world_size * shard_alignment(bucket.dtype);
-    bucket.padded_numel = ceil_div(bucket.numel, unit) * unit;
+    const std::int64_t multiple = world_size * shard_alignment(bucket.dtype);
+    bucket.padded_numel = ceil_div(bucket.numel, multiple) * multiple;
     bucket.shard_numel = bucket.padded_numel / world_size;
   };
   for (std::size_t k = params.size(); k-- > 0;) {
@@ -80,13 +80,14 @@ FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t w
     if (!fresh) {
       const auto& last = layout.buckets.back();
       const auto last_bytes = last.numel * static_cast<std::int64_t>(c10::elementSize(last.dtype));
-      fresh = last.group != spec.group || last.dtype != spec.dtype ||
+      fresh = last.unit != spec.unit || last.group != spec.group || last.dtype != spec.dtype ||
               last_bytes + bytes > bucket_cap_bytes;
     }
     if (fresh) {
       if (!layout.buckets.empty()) close(layout.buckets.back());
       FlatBucket bucket;
       bucket.group = spec.group;
+      bucket.unit = spec.unit;
       bucket.dtype = spec.dtype;
       layout.buckets.push_back(std::move(bucket));
     }

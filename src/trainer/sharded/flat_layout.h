@@ -20,6 +20,9 @@ struct ParamSpec {
   std::int64_t numel = 0;               ///< elements
   c10::ScalarType dtype = c10::kFloat;  ///< a bucket holds one dtype
   std::size_t group = 0;                ///< optimizer param group: a bucket holds one group
+  /// The sharding unit (a block of a fully sharded run, gathered and freed together): a bucket
+  /// holds one unit. 0 for every parameter when the run has no units (ZeRO-2).
+  std::size_t unit = 0;
 };
 
 /// One parameter's place in its bucket.
@@ -40,6 +43,7 @@ struct ShardPiece {
 /// the buffer splits into `world_size` equal shards of `shard_numel` elements.
 struct FlatBucket {
   std::size_t group = 0;                ///< the param group of every slot
+  std::size_t unit = 0;                 ///< the sharding unit of every slot
   c10::ScalarType dtype = c10::kFloat;  ///< the dtype of every slot
   std::vector<FlatSlot> slots;          ///< in increasing offset
   std::int64_t numel = 0;               ///< elements of the parameters
@@ -106,8 +110,8 @@ struct FlatLayout {
 std::int64_t shard_alignment(c10::ScalarType dtype);
 
 /// Groups `params` into buckets. Parameters are taken in reverse order (backward produces the
-/// last layer's gradients first, as DDP assumes), and a new bucket starts when the group or the
-/// dtype changes or when the next parameter would take the bucket past `bucket_cap_bytes` (a
+/// last layer's gradients first, as DDP assumes), and a new bucket starts when the unit, the
+/// group or the dtype changes or when the next parameter would take the bucket past `bucket_cap_bytes` (a
 /// parameter larger than the cap gets a bucket of its own). Each bucket is padded to a multiple
 /// of `world_size * shard_alignment(dtype)`. Python: DeepSpeed's `flatten_dense_tensors_aligned`
 /// per group, FSDP2's per-`fully_shard` flat group. Throws `c10::ValueError` for a world size

@@ -151,7 +151,7 @@ FullOptimizerState gather_full_state(const ShardedAdamW& shards) {
       out.resize(params.size());
       for (const auto& slot : bucket.slots) {
         out[slot.param] =
-            whole.narrow(0, slot.offset, slot.numel).view(params[slot.param].sizes()).clone();
+            whole.narrow(0, slot.offset, slot.numel).view(flat.shape(slot.param)).clone();
       }
     }
   }

@@ -152,7 +152,7 @@ at::Tensor ShardedAdamW::global_grad_norm() {
       }
       grad = at::cat(parts);
     }
-    whole.push_back(grad.view(params[i].sizes()));
+    whole.push_back(grad.view(flat_.shape(i)));
     mine.push_back(i);
   }
   const auto my_norms = per_tensor_norms(whole, 2.0);
@@ -173,7 +173,7 @@ at::Tensor ShardedAdamW::global_grad_norm() {
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
   std::vector<at::Tensor> norms;
   norms.reserve(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  for (const auto i : flat_.norm_order()) {
     const auto dtype = grads[layout.where[i].first].scalar_type();
     auto& converted = by_dtype[dtype];
     if (converted.empty()) converted = tensors.front().to(dtype).unbind(0);
