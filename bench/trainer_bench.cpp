@@ -82,6 +82,8 @@ struct Config {
   bool every_rank = false;
   std::optional<std::int64_t> ddp_bucket_cap_mb;  // unset: the Trainer's default
   std::string fsdp;                               // the Trainer's --fsdp (shard_grad_op)
+  std::int64_t width = 2048;                      // wide_blocks: the blocks' width
+  std::int64_t num_blocks = 12;                   // wide_blocks: how many
 
   std::int64_t total_steps() const { return warmup + steps; }
   bool bf16() const { return precision != "fp32"; }
@@ -318,6 +320,11 @@ Model make_model(const Config& /*c*/) {
 }
 
 template <>
+mantissa::examples::FashionWideBlocks make_model(const Config& c) {
+  return mantissa::examples::FashionWideBlocks(c.width, c.num_blocks);
+}
+
+template <>
 mantissa::examples::FashionMlp make_model(const Config& c) {
   return c.model == "wide_mlp" ? mantissa::examples::FashionWideMlp()
                                : mantissa::examples::FashionMlp();
@@ -340,9 +347,12 @@ int main(int argc, char** argv) try {
       "prints one JSON line."};
   app.add_option("--impl", c.impl, "trainer or hand")->check(CLI::IsMember({"trainer", "hand"}));
   app.add_option("--model", c.model,
-                 "mlp (784-256-256-10), cnn (examples/fashion_mnist) or wide_mlp "
-                 "(784-4096-4096-10, ~20M parameters)")
-      ->check(CLI::IsMember({"mlp", "cnn", "wide_mlp"}));
+                 "mlp (784-256-256-10), cnn (examples/fashion_mnist), wide_mlp "
+                 "(784-4096-4096-10, ~20M parameters) or wide_blocks (784-W, K residual W-W "
+                 "blocks, W-10; declared for full sharding)")
+      ->check(CLI::IsMember({"mlp", "cnn", "wide_mlp", "wide_blocks"}));
+  app.add_option("--width", c.width, "wide_blocks: W (2048)")->check(CLI::PositiveNumber);
+  app.add_option("--num_blocks", c.num_blocks, "wide_blocks: K (12)")->check(CLI::PositiveNumber);
   app.add_option("--precision", c.precision, "fp32, bf16 (autocast, fp32 weights) or bf16_masters")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16_masters"}));
   app.add_option("--optim", c.optim,
@@ -360,7 +370,7 @@ int main(int argc, char** argv) try {
       ->check(CLI::PositiveNumber);
   app.add_option("--fsdp", c.fsdp,
                  "the Trainer's fsdp: shard_grad_op shards gradients and optimizer state across "
-                 "the processes (--impl trainer)");
+                 "the processes, full_shard (or true) the parameters too (--impl trainer)");
   app.add_flag("--every_rank", c.every_rank,
                "every rank prints its JSON line (with its rank and its own peak RSS), not only "
                "rank 0");
@@ -386,9 +396,11 @@ int main(int argc, char** argv) try {
 
   if (c.count_ops) OpCounter::instance().install();
   double setup_rss_mib = 0.0;
-  const auto m = c.model == "cnn"
-                     ? run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib)
-                     : run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib);
+  const auto m =
+      c.model == "cnn"           ? run<mantissa::examples::FashionCnn>(c, std::move(data), setup_rss_mib)
+      : c.model == "wide_blocks" ? run<mantissa::examples::FashionWideBlocks>(c, std::move(data),
+                                                                           setup_rss_mib)
+                                 : run<mantissa::examples::FashionMlp>(c, std::move(data), setup_rss_mib);
   if (!env.is_main_process() && !c.every_rank) return 0;
   std::string ops_json;
   if (c.count_ops) {

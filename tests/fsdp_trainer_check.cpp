@@ -281,6 +281,20 @@ int run_check(const std::string& scenario, Launch l) {
   } else if (scenario == "full_fp16_loss_scaling") {
     ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
                            1e-4, 1e-4, false);
+  } else if (scenario == "full_fp8") {
+    // --fp8 converts the blocks' Linear layers to Float8Linear (first and last layers stay):
+    // their weights are cast from the gathered block, and the amaxes are all-reduced as
+    // under DDP, so the ranks keep one scaling history.
+    ok = check_against_ddp(l, {"--bf16", "--fp8", "--fp8_amax_history_len", "16"}, 1e-4, 3e-2,
+                           false);
+    const auto rank0 = load_results(l.dir + "/fsdp.st.rank0");
+    const auto rank1 = load_results(l.dir + "/fsdp.st.rank1");
+    const auto ddp = load_results(l.dir + "/ddp.st.rank0");
+    for (const char* name : {"fp8.amax_history", "fp8.scale"}) {
+      ok &= same_tensor(rank0, rank1, name, 0, 0, "sharded rank 0 vs rank 1");
+      ok &= same_tensor(ddp, rank0, name, 1e-2, 1e-3, "DDP vs sharded");
+    }
+    ok &= contains(read_text(l.dir + "/fsdp.rank0.log"), "fp8", "the sharded run's first line");
   } else if (scenario == "full_gradient_checkpointing") {
     // The blocks recomputed in the backward, each gathered again for its recompute; and FSDP's
     // own spelling of it (fsdp_config activation_checkpointing) the same.
@@ -349,6 +363,23 @@ int run_check(const std::string& scenario, Launch l) {
         });
     ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
     ok &= contains(read_text(l.dir + "/args.rank1.log"), "fsdp_config", "rank 1's error");
+  } else if (scenario == "full_mismatched_blocks") {
+    // The same arguments and parameters, but rank 1's model declares no blocks: the ranks
+    // would gather different units, so both stop naming what differs.
+    const auto status = run_ranks(
+        l, 2,
+        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
+            kFull.flags + kFull.model,
+        l.dir + "/blocks", [](int rank) {
+          return rank == 1 ? std::vector<std::string>{"--declare_blocks", "false"}
+                           : std::vector<std::string>{};
+        });
+    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    for (int r = 0; r < 2; ++r) {
+      ok &= contains(read_text(l.dir + "/blocks.rank" + std::to_string(r) + ".log"),
+                     "disagree about the blocks fsdp shards one at a time",
+                     "rank " + std::to_string(r) + "'s error");
+    }
   } else if (scenario == "full_rank_killed") {
     const auto status = run_ranks(
         l, 2,

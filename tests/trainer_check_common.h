@@ -8,7 +8,8 @@
 // Worker options: --num_examples N (256), --hidden H (32), --dropout P (0), --model_dtype
 // fp32|bf16 (fp32), --middle M (0: none; else a Float8Linear hidden -> M between the two
 // layers, which --fp8 runs in FP8), --blocks K (0; else K residual blocks hidden -> hidden
-// after the first layer, declared as blocks for --fsdp), --eval N (0: no evaluation), --data FILE (data and initial
+// after the first layer, declared as blocks for --fsdp; --declare_blocks false leaves them
+// undeclared), --eval N (0: no evaluation), --data FILE (data and initial
 // weights from a safetensors file of tests/ddp/torch_ddp_reference.py), --die-on-rank R
 // --die-at-step S (that rank kills itself with SIGKILL after step S).
 
@@ -56,6 +57,7 @@ struct WorkerOptions {
   std::int64_t hidden = 32;
   std::int64_t middle = 0;
   std::int64_t blocks = 0;
+  bool declare_blocks = true;
   double dropout = 0.0;
   std::string model_dtype = "fp32";
   std::int64_t eval = 0;
@@ -64,11 +66,12 @@ struct WorkerOptions {
   std::int64_t die_at_step = -1;
 };
 
-/// One residual block of the MLP: `fc` (hidden -> hidden), its output through relu.
+/// One residual block of the MLP: `fc` (hidden -> hidden), its output through relu. `fc` is a
+/// Float8Linear (a plain linear layer unless --fp8 converts it).
 struct ResidualBlockImpl : torch::nn::Module {
   explicit ResidualBlockImpl(std::int64_t hidden)
-      : fc(register_module("fc", torch::nn::Linear(hidden, hidden))) {}
-  torch::nn::Linear fc;
+      : fc(register_module("fc", mantissa::fp8::Float8Linear(hidden, hidden))) {}
+  mantissa::fp8::Float8Linear fc;
 };
 TORCH_MODULE(ResidualBlock);
 
@@ -90,7 +93,9 @@ struct MlpImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing 
         fc2(register_module("fc2", torch::nn::Linear(middle > 0 ? middle : hidden, 4))) {
     for (std::int64_t k = 0; k < num_blocks; ++k) blocks->push_back(ResidualBlock(hidden));
   }
-  std::vector<std::string> no_split_modules() const override { return {"ResidualBlockImpl"}; }
+  std::vector<std::string> no_split_modules() const override { return declared; }
+  /// What no_split_modules() says (a worker may declare none, to disagree with its peers).
+  std::vector<std::string> declared{"ResidualBlockImpl"};
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = maybe_checkpoint(
         is_training(), [this](const torch::Tensor& in) { return torch::relu(fc1(in)); }, x);
@@ -166,6 +171,7 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   // process's) to all.
   torch::manual_seed(1 + static_cast<std::uint64_t>(env.rank));
   Mlp model(o.hidden, o.dropout, o.middle, o.blocks);
+  if (!o.declare_blocks) model->declared.clear();
   if (!init.empty()) {
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) item.value().copy_(init.at(item.key()));
@@ -488,6 +494,7 @@ inline int trainer_check_main(int argc, char** argv,
       o.hidden = std::stoll(value_of(rest, "--hidden", "32"));
       o.middle = std::stoll(value_of(rest, "--middle", "0"));
       o.blocks = std::stoll(value_of(rest, "--blocks", "0"));
+      o.declare_blocks = value_of(rest, "--declare_blocks", "true") == "true";
       o.dropout = std::stod(value_of(rest, "--dropout", "0"));
       o.model_dtype = value_of(rest, "--model_dtype", "fp32");
       o.eval = std::stoll(value_of(rest, "--eval", "0"));

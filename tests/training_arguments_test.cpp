@@ -367,7 +367,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
       "--eval_steps", "5", "--ddp_backend", "gloo", "--ddp_timeout", "60",
       "--ddp_find_unused_parameters", "false", "--ddp_bucket_cap_mb", "50",
       "--ddp_broadcast_buffers", "false", "--ddp_comm_hook", "bf16_compress", "--save_on_each_node", "--log_on_each_node", "false",
-      "--fsdp", "no_shard", "--fsdp_config", "{\"version\": 2}",
+      "--fsdp", "false", "--fsdp_config", "{\"version\": 2}",
       // Both lines hold a flag (cuda_graph, fp8) that refuses checkpointing: the true value is
       // tested in GradientCheckpointingFlags.
       "--gradient_checkpointing", "false",
@@ -460,7 +460,7 @@ TEST(TrainingArgumentsTest, EveryFlagSetsItsField) {
   EXPECT_EQ(b.ddp_comm_hook(), mantissa::DdpCommHook::kBf16Compress);
   EXPECT_TRUE(b.save_on_each_node());
   EXPECT_FALSE(b.log_on_each_node());
-  EXPECT_EQ(b.fsdp(), "no_shard");
+  EXPECT_EQ(b.fsdp(), "false");
   EXPECT_EQ(b.fsdp_config(), std::optional<std::string>("{\"version\": 2}"));
   EXPECT_FALSE(b.gradient_checkpointing());
   EXPECT_FALSE(b.cpu_caching_allocator());

@@ -101,8 +101,7 @@ torch::Tensor CharGptImpl::hidden_states(const torch::Tensor& ids) {
   auto x = wte(ids) + wpe(positions);
   for (const auto& block : *blocks) {
     auto* b = block->as<Block>();
-    x = maybe_checkpoint(
-        is_training(), [b](const torch::Tensor& h) { return b->forward(h); }, x);
+    x = run_block(*b, [b](const torch::Tensor& h) { return b->forward(h); }, x);
   }
   return ln_f(x);
 }

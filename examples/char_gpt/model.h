@@ -80,6 +80,9 @@ struct CharGptImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpoint
   /// Appends `count` tokens sampled at `temperature` from the model to `context` ([1, time]
   /// ids), cropping the context to the last block_size tokens. No grad; the model's device.
   torch::Tensor generate(torch::Tensor context, std::int64_t count, double temperature = 1.0);
+  /// The transformer blocks: what `--gradient_checkpointing` recomputes and `--fsdp` shards one
+  /// at a time. Python: `GPT2PreTrainedModel._no_split_modules`.
+  std::vector<std::string> no_split_modules() const override { return {"BlockImpl"}; }
 
   GptConfig config;
   /// Compute the loss with the LM head in chunks of rows, never holding all the logits.

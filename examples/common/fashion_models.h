@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <mantissa/fp8/float8_linear.h>
+#include <mantissa/nn/supports_gradient_checkpointing.h>
 
 namespace mantissa::examples {
 
@@ -63,5 +64,42 @@ TORCH_MODULE(FashionMlp);
 
 /// The 784-4096-4096-10 FashionMlp.
 inline FashionMlp FashionWideMlp() { return FashionMlp(4096); }
+
+/// One block of FashionWideBlocks: h + relu(fc(h)), fc width -> width.
+struct FashionResidualBlockImpl : torch::nn::Module {
+  explicit FashionResidualBlockImpl(int64_t width)
+      : fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(const torch::Tensor& h) { return h + torch::relu(fc(h)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(FashionResidualBlock);
+
+/// 784 -> width (fc_in), `num_blocks` residual blocks (blocks.<k>.fc), width -> 10 (fc_out):
+/// a model whose parameters sit in blocks, declared for full sharding (`--fsdp` gathers one
+/// block at a time). The default, width 2048 and 12 blocks, has ~52M parameters
+/// (bench/sharded_memory --model wide_blocks).
+struct FashionWideBlocksImpl : torch::nn::Module, nn::SupportsGradientCheckpointing {
+  explicit FashionWideBlocksImpl(int64_t width = 2048, int64_t num_blocks = 12)
+      : fc_in(register_module("fc_in", torch::nn::Linear(28 * 28, width))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        fc_out(register_module("fc_out", torch::nn::Linear(width, 10))) {
+    for (int64_t k = 0; k < num_blocks; ++k) blocks->push_back(FashionResidualBlock(width));
+  }
+  std::vector<std::string> no_split_modules() const override {
+    return {"FashionResidualBlockImpl"};
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(fc_in(x.flatten(1)));
+    for (const auto& module : *blocks) {
+      auto* block = module->as<FashionResidualBlock>();
+      h = run_block(*block, [block](const torch::Tensor& in) { return block->forward(in); }, h);
+    }
+    return fc_out(h);
+  }
+  torch::nn::Linear fc_in;
+  torch::nn::ModuleList blocks;
+  torch::nn::Linear fc_out;
+};
+TORCH_MODULE(FashionWideBlocks);
 
 }  // namespace mantissa::examples

@@ -131,7 +131,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& ids, const BlockRunne
     const auto block = [decoder_layer, rotary](const torch::Tensor& h) {
       return decoder_layer->forward(h, rotary);
     };
-    x = run_block ? run_block(block, x) : block(x);
+    x = run_block ? run_block(*decoder_layer, block, x) : block(x);
   }
   return norm(x);
 }
@@ -168,10 +168,11 @@ torch::Tensor shift_labels(const torch::Tensor& labels) {
 }
 
 mantissa::ModelOutput LlamaForCausalLMImpl::forward(const mantissa::Batch& batch) {
-  const BlockRunner checkpointed = [this](const auto& block, const torch::Tensor& x) {
-    return maybe_checkpoint(is_training(), block, x);
+  const BlockRunner through_trainer = [this](const torch::nn::Module& layer, const auto& block,
+                                             const torch::Tensor& x) {
+    return run_block(layer, block, x);
   };
-  auto hidden = model->forward(batch.at("input_ids"), checkpointed);
+  auto hidden = model->forward(batch.at("input_ids"), through_trainer);
   const bool with_labels = batch.contains("labels");
   if (with_labels && fused_linear_cross_entropy) {
     auto loss = nn::linear_cross_entropy(hidden, output_embedding(), /*bias=*/{},

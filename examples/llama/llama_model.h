@@ -79,9 +79,11 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
-/// Runs one decoder layer's call `block(x)`; the causal LM passes one that checkpoints.
+/// Runs one decoder layer's call `block(x)`, `layer` being the decoder layer itself; the causal
+/// LM passes one that goes through `run_block` (checkpointing, full sharding).
 using BlockRunner = std::function<torch::Tensor(
-    const std::function<torch::Tensor(const torch::Tensor&)>& block, const torch::Tensor& x)>;
+    const torch::nn::Module& layer, const std::function<torch::Tensor(const torch::Tensor&)>& block,
+    const torch::Tensor& x)>;
 
 /// The decoder stack without a head. Python: `LlamaModel` (the `model.` prefix of the
 /// causal LM's parameter names).
@@ -124,6 +126,9 @@ struct LlamaForCausalLMImpl : torch::nn::Module, mantissa::nn::SupportsGradientC
   mantissa::ModelOutput forward(const mantissa::Batch& batch);
   /// The LM head's weight: lm_head's, or the embedding's when tied.
   const torch::Tensor& output_embedding() const;
+  /// The decoder layers are the blocks (`--fsdp` shards them one at a time). Python:
+  /// `LlamaPreTrainedModel._no_split_modules`.
+  std::vector<std::string> no_split_modules() const override { return {"LlamaDecoderLayerImpl"}; }
 
   LlamaConfig config;
   /// Compute the loss with the LM head a chunk of rows at a time (never all the logits).
