@@ -42,8 +42,9 @@ struct TinyModelImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpoi
   std::vector<std::string> no_split_modules() const override { return {"TinyBlockImpl"}; }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = in(x);
-    for (const auto& module : *blocks) {
-      auto block = std::dynamic_pointer_cast<TinyBlockImpl>(module);
+    for (std::size_t k = 0; k < blocks->size(); ++k) {
+      if (skip_last_block && k + 1 == blocks->size()) break;
+      auto block = std::dynamic_pointer_cast<TinyBlockImpl>((*blocks)[k]);
       const auto fn = [block](const torch::Tensor& t) { return torch::tanh(block->fc(t)); };
       h = h + (bypass_runner ? fn(h) : run_block(*block, fn, h));
     }
@@ -53,6 +54,7 @@ struct TinyModelImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpoi
   torch::nn::ModuleList blocks;
   torch::nn::Linear out;
   bool bypass_runner = false;
+  bool skip_last_block = false;
 };
 TORCH_MODULE(TinyModel);
 
@@ -224,14 +226,12 @@ struct ShardedTiny {
 TEST(ShardedUnits, BlocksAreGatheredForForwardAndBackwardAndFreedAfter) {
   ShardedTiny tiny(3);
   const auto x = torch::randn({4, 3});
-  for (int pass = 0; pass < 3; ++pass) {  // the first pass gathers everything, the others not
+  for (int pass = 0; pass < 3; ++pass) {
     tiny.units->begin_forward();
     const auto y = tiny.model->forward(x);
     tiny.units->end_forward(/*training=*/true);
-    if (pass > 0) {
-      for (std::size_t u = 1; u < tiny.units->size(); ++u) {
-        EXPECT_FALSE(tiny.units->is_gathered(u)) << "block unit " << u << " after forward";
-      }
+    for (std::size_t u = 1; u < tiny.units->size(); ++u) {
+      EXPECT_FALSE(tiny.units->is_gathered(u)) << "block unit " << u << " after forward";
     }
     EXPECT_TRUE(tiny.units->is_gathered(0));
     y.square().sum().backward();
@@ -272,15 +272,22 @@ TEST(ShardedUnits, EvaluationFreesEverythingAndPinningKeepsItWhole) {
   for (std::size_t u = 0; u < tiny.units->size(); ++u) EXPECT_FALSE(tiny.units->is_gathered(u));
 }
 
-TEST(ShardedUnits, ABlockTheForwardDoesNotRunThroughRunBlockIsNamed) {
+TEST(ShardedUnits, ABlockUsedOutsideRunBlockFailsAndOneNeverRunIsNamed) {
   ShardedTiny tiny(2);
+  // Used outside run_block: its parameters are empty there, so the op fails (no freed read).
   tiny.model->bypass_runner = true;
-  tiny.units->check_blocks_ran();  // nothing known before a forward
-  tiny.units->begin_forward();     // the first forward gathers every unit: no freed reads
-  const auto y = tiny.model->forward(torch::randn({2, 3}));
-  tiny.units->end_forward(/*training=*/true);
-  EXPECT_THAT(error_of([&] { tiny.units->check_blocks_ran(); }),
-              HasSubstr("the block blocks.0 is a sharding unit, but the model's forward did not "
+  tiny.units->begin_forward();
+  EXPECT_NE(error_of([&] { (void)tiny.model->forward(torch::randn({2, 3})); }), "<no exception>");
+  tiny.units->end_forward(/*training=*/false);
+  // Never run at all: named once a forward has ended (not before).
+  ShardedTiny fresh(2);
+  fresh.units->check_blocks_ran();
+  fresh.model->skip_last_block = true;
+  fresh.units->begin_forward();
+  (void)fresh.model->forward(torch::randn({2, 3}));
+  fresh.units->end_forward(/*training=*/true);
+  EXPECT_THAT(error_of([&] { fresh.units->check_blocks_ran(); }),
+              HasSubstr("the block blocks.1 is a sharding unit, but the model's forward did not "
                         "run it through run_block"));
 }
 

@@ -193,8 +193,18 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   trainer.train();
 
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : model->named_parameters()) {
-    out.emplace_back("final." + item.key(), item.value().detach().to(torch::kFloat).clone());
+  if (args.fsdp_shards_parameters() && env.is_distributed()) {
+    // Full sharding: the parameters are shards, empty outside a forward; the trained weights
+    // are gathered for rank 0 (the other ranks write none).
+    const auto params = model->named_parameters();
+    for (const auto& [name, tensor] : trainer.model_state_dict()) {
+      if (params.find(name) == nullptr) continue;  // a buffer
+      out.emplace_back("final." + name, tensor.detach().to(torch::kFloat).clone());
+    }
+  } else {
+    for (const auto& item : model->named_parameters()) {
+      out.emplace_back("final." + item.key(), item.value().detach().to(torch::kFloat).clone());
+    }
   }
   out.emplace_back("scales", torch::tensor(scales, torch::kDouble));
   std::vector<double> losses;

@@ -184,10 +184,17 @@ void load_pretrained(LlamaForCausalLM& model, const std::string& dir) {
 
 void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,
                      std::int64_t max_shard_size) {
-  TORCH_CHECK_VALUE(max_shard_size > 0, "max_shard_size must be positive, got ", max_shard_size);
-  io::create_directories(dir);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  save_pretrained(model->config, tensors, dir, max_shard_size);
+}
+
+void save_pretrained(const LlamaConfig& config,
+                     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                     const std::string& dir, std::int64_t max_shard_size) {
+  TORCH_CHECK_VALUE(max_shard_size > 0, "max_shard_size must be positive, got ", max_shard_size);
+  TORCH_CHECK_VALUE(!tensors.empty(), "save_pretrained: no weights to save");
+  io::create_directories(dir);
   const auto dtype = tensors.front().second.scalar_type();
 
   // Greedy shards in parameter order, as HF splits them; a tensor larger than the limit gets
@@ -231,7 +238,7 @@ void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,
     if (weights && !written.count(name)) io::remove_all(io::join_path(dir, name));
   }
   io::write_file_atomically(io::join_path(dir, "config.json"),
-                            model->config.to_json(dtype).dump(2) + "\n");
+                            config.to_json(dtype).dump(2) + "\n");
 }
 
 }  // namespace mantissa::examples::llama

@@ -41,5 +41,11 @@ void load_pretrained(LlamaForCausalLM& model, const std::string& dir);
 /// with the device (copies to the CPU).
 void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,
                      std::int64_t max_shard_size = kDefaultMaxShardSize);
+/// The same with the weights given: `parameters` (name, tensor) in the model's parameter order,
+/// as `mantissa::Trainer::model_state_dict` gathers them under full sharding, where the
+/// model's own parameters are shards.
+void save_pretrained(const LlamaConfig& config,
+                     const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                     const std::string& dir, std::int64_t max_shard_size = kDefaultMaxShardSize);
 
 }  // namespace mantissa::examples::llama

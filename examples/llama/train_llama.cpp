@@ -244,8 +244,14 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(result.global_step), metrics.at("train_runtime"),
                 tokens_per_second);
     log_metrics("train", metrics);
+    // Every process hands over its part (under full sharding the parameters are shards).
+    std::vector<std::pair<std::string, torch::Tensor>> weights;
+    const auto parameters = model->named_parameters();
+    for (const auto& [name, tensor] : trainer.model_state_dict()) {
+      if (parameters.find(name) != nullptr) weights.emplace_back(name, tensor);
+    }
     if (saves) {
-      save_pretrained(model, args.output_dir(), max_shard_size);
+      save_pretrained(model->config, weights, args.output_dir(), max_shard_size);
       args.save_json(mantissa::io::join_path(args.output_dir(), "training_args.json"));
       write_metrics(args.output_dir(), "train_results.json", metrics);
     }

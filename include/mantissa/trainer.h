@@ -15,6 +15,7 @@
 
 #include <mantissa/batch.h>
 #include <mantissa/fp8/convert.h>
+#include <mantissa/io/state_dict.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
 #include <mantissa/precision_plan.h>
@@ -199,6 +200,14 @@ class Trainer {
   /// process) and `training_args.json` into `dir`, on the processes that save. In a job of
   /// several processes every process calls it, as in Python. Python: `trainer.save_model(dir)`.
   void save_model(const std::string& dir) const;
+  /// The model's whole state (parameters then buffers, under HF's names) as full tensors on the
+  /// processes that save (rank 0); other processes get an empty list. Under full sharding
+  /// (`--fsdp`) the parameters live as shards and are empty outside a forward, so this is the
+  /// way to read the trained weights: they are gathered one unit at a time and copied to the
+  /// CPU. Otherwise the tensors are the model's own. In a job of several processes every
+  /// process calls it. Python: `get_model_state_dict(model, options=StateDictOptions(
+  /// full_state_dict=True))`, or `model.state_dict()`. No sync beyond the gathers.
+  io::NamedTensors model_state_dict() const;
 
   const TrainerState& state() const;
   const TrainingArguments& args() const;

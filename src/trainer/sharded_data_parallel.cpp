@@ -108,7 +108,6 @@ ForwardScope ShardedDataParallel::forward_context(const ForwardPass& pass) {
     TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: make_optimizer was not called");
   }
   if (units_ == nullptr) return {};
-  if (pass.training) whole_after_training_.reset();
   units_->check_blocks_ran();
   units_->begin_forward();
   return ForwardScope([units = units_.get(), training = pass.training] {
@@ -122,7 +121,23 @@ void ShardedDataParallel::before_backward(const torch::Tensor& /*loss*/, bool sy
 }
 
 bool ShardedDataParallel::run_step(const std::function<bool()>& step) const {
-  return collectives().guarded("reduce-scattering the gradients or gathering the weights", step);
+  if (units_ == nullptr || units_->forward_ended()) {
+    return collectives().guarded("reduce-scattering the gradients or gathering the weights", step);
+  }
+  // The first step: an error there is most often a block's parameter read outside run_block,
+  // where it is empty; say so beside the op's own words.
+  return collectives().guarded("reduce-scattering the gradients or gathering the weights", [&] {
+    try {
+      return step();
+    } catch (const c10::Error& error) {
+      TORCH_CHECK(false, error.what_without_backtrace(),
+                  "\n(fsdp full sharding: outside run_block a block's parameters have no "
+                  "elements; if the model reads one of ",
+                  blocks_.size(),
+                  " blocks' parameters elsewhere, run that code inside the block's run_block "
+                  "call; docs/distributed.md, \"Declaring blocks\")");
+    }
+  });
 }
 
 std::optional<std::string> ShardedDataParallel::cuda_graph_blocker() const {
@@ -265,10 +280,6 @@ void ShardedDataParallel::load_model_state_dict(torch::nn::Module& module,
     flat_->shard(b).copy_(
         flat_->buffer(b).narrow(0, buckets[b].shard_begin(rank()), buckets[b].shard_numel));
   }
-}
-
-void ShardedDataParallel::after_training() {
-  if (units_ != nullptr && !whole_after_training_) whole_after_training_.emplace(*units_);
 }
 
 void ShardedDataParallel::after_weights_loaded() { shards_->copy_model_to_masters(); }

@@ -47,8 +47,8 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// full sharding, also finds the blocks that become units (`find_block_units`), checks that
   /// every process found the same, and installs the runner that gathers them.
   void prepare_model(torch::nn::Module& module) override;
-  /// Full sharding: gathers the root unit (and, the first time, every unit, to find a block the
-  /// model does not run through `run_block`); an evaluation pass frees them when it ends.
+  /// Full sharding: gathers the root unit (after checking that the previous forward ran every
+  /// unit's block through `run_block`); an evaluation pass frees every unit when it ends.
   ForwardScope forward_context(const ForwardPass& pass) override;
   /// Arms the reduce-scatter hooks for a synced backward, else lets gradients accumulate.
   void before_backward(const torch::Tensor& loss, bool sync) override;
@@ -79,8 +79,6 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   void after_optimizer_step() override;
   /// Copies the model's (just loaded) weights into the fp32 master shards.
   void after_weights_loaded() override;
-  /// Full sharding: every unit gathered and kept so until the next training forward.
-  void after_training() override;
   /// "optimizer state per process: ... MiB (1/2 of the ... MiB data parallel holds)"; with full
   /// sharding the parameters, gradients and a unit's gather too.
   std::string describe_optimizer_state() const override;
@@ -128,8 +126,6 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   std::unique_ptr<sharded::GradientReduceScatter> grads_;
   std::unique_ptr<sharded::ShardedAdamW> shards_;
   std::unique_ptr<sharded::ParameterUnits> units_;  ///< full sharding only
-  /// Full sharding: the whole model held after `train()` returned (declared after `units_`).
-  std::optional<sharded::ParameterUnits::Pin> whole_after_training_;
 };
 
 }  // namespace mantissa::detail

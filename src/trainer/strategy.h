@@ -225,10 +225,6 @@ class Strategy {
   virtual void after_weights_loaded() {}
   /// A line for the run's start about the optimizer state this process holds, or nothing.
   virtual std::string describe_optimizer_state() const { return {}; }
-  /// When `train()` returns: a strategy that shards the parameters gathers them back, so that
-  /// the model holds its whole weights on every process, as after a DDP run, until the next
-  /// training forward. Nothing by default. A collective where it communicates.
-  virtual void after_training() {}
 
   // ---- checkpoints ---------------------------------------------------------------------------
 

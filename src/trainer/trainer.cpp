@@ -98,6 +98,7 @@ PredictionOutput Trainer::predict(BatchSource dataset, const std::string& metric
 }
 
 void Trainer::save_model(const std::string& dir) const { impl_->save_model(dir); }
+io::NamedTensors Trainer::model_state_dict() const { return impl_->model_state_dict(); }
 
 const TrainerState& Trainer::state() const { return impl_->state(); }
 const TrainingArguments& Trainer::args() const { return impl_->args(); }

@@ -311,6 +311,12 @@ void Trainer::Impl::finish_training() {
   }
 }
 
+io::NamedTensors Trainer::Impl::model_state_dict() const {
+  auto state = strategy_->model_state_dict(*module_);
+  if (!strategy_->should_save()) state.clear();
+  return state;
+}
+
 void Trainer::Impl::save_model(const std::string& dir) const {
   // Every process hands over its part of the state; only those that save write it (HF).
   const auto state = strategy_->model_state_dict(*module_);

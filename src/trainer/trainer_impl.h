@@ -88,6 +88,7 @@ class Trainer::Impl {
   PredictionOutput predict(const BatchSource& dataset, const std::string& prefix);
   /// Writes model.safetensors and training_args.json into `dir`, on the processes that save.
   void save_model(const std::string& dir) const;
+  io::NamedTensors model_state_dict() const;
 
   const TrainerState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }

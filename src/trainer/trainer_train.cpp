@@ -106,7 +106,6 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
                              engine, callbacks_, state_, control_, loss_window, progress,
                              std::move(actions)});
   const auto result = loop.run();
-  strategy_->after_training();
   return TrainOutput{state_.global_step, result.training_loss, result.metrics};
 }
 

@@ -176,18 +176,11 @@ void ParameterUnits::begin_forward() {
   if (deferred_ != nullptr) std::rethrow_exception(std::exchange(deferred_, nullptr));
   if (!order_.empty()) last_order_ = order_;
   order_.clear();
-  if (checking_) {
-    gather_all();
-  } else {
-    gather(0);
-  }
+  gather(0);
 }
 
 void ParameterUnits::end_forward(bool training) noexcept {
-  if (checking_) {
-    checking_ = false;
-    forward_ended_ = true;
-  }
+  forward_ended_ = true;
   if (training) return;
   try {
     release_all();
@@ -238,7 +231,7 @@ at::Tensor ParameterUnits::run_block(std::size_t u,
   const auto input = recorded && x.requires_grad() ? AfterBlockBackward::apply(x, this, u) : x;
   auto y = fn(input);
   if (recorded && y.requires_grad()) y = BeforeBlockBackward::apply(y, this, u);
-  if (!checking_) release(u);
+  release(u);
   return y;
 }
 

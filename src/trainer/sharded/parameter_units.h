@@ -75,10 +75,8 @@ class ParameterUnits {
     ParameterUnits& units_;
   };
 
-  /// Begins a forward pass: the root gathered, the order of block calls recorded afresh. The
-  /// first pass after construction gathers every unit and keeps them until the pass is over, so
-  /// that a block the model does not run through `run_block` is found (by `check_blocks_ran`)
-  /// instead of read freed. A collective.
+  /// Begins a forward pass: the root gathered, the order of block calls recorded afresh. A
+  /// collective.
   void begin_forward();
   /// After an evaluation pass: every unit freed. After a training pass: nothing (the root stays
   /// gathered for the backward). Never throws (it runs when a forward scope ends): a failure of
@@ -87,8 +85,11 @@ class ParameterUnits {
   /// After the backward of an update: every unit freed; raises a failure `end_forward` kept.
   void finish();
   /// Throws `c10::ValueError` naming the first block unit no forward has run through
-  /// `run_block` since construction, once a forward has ended; nothing before.
+  /// `run_block` since construction, once a forward has ended; nothing before. (A block used
+  /// outside `run_block` mostly fails in that forward already: its parameters are empty.)
   void check_blocks_ran() const;
+  /// Whether a forward has ended since construction.
+  bool forward_ended() const noexcept { return forward_ended_; }
 
   /// Runs block unit `u`'s `fn(x)`: gathers the unit (and starts gathering the next block of the
   /// last forward's order), runs `fn`, and frees the unit again. When autograd records the
@@ -120,7 +121,6 @@ class ParameterUnits {
   std::vector<std::size_t> last_order_;  // the previous forward's
   std::exception_ptr deferred_;  // a failure end_forward could not raise
   int pins_ = 0;
-  bool checking_ = true;     // the first forward: every unit gathered for its length
   bool forward_ended_ = false;
 };
 
