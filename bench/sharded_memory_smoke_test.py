@@ -7,8 +7,7 @@ sharded rank holds half of what a data-parallel rank holds, up to the padding an
 counters, on both sides.
 
 check_wide_blocks runs the driver's --model wide_blocks variants the same way (a small 512-wide,
-4-block model), full sharding included; it needs trainer_bench's --model wide_blocks, --width,
---num_blocks and --fsdp full_shard, so it runs only while CHECK_WIDE_BLOCKS is True.
+4-block model), full sharding included.
 
     bench/sharded_memory_smoke_test.py --build_dir build --python .venv/bin/python"""
 
@@ -18,9 +17,6 @@ import os
 import smoke_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Turn on once build/bench/trainer_bench takes --model wide_blocks --width --num_blocks and
-# --fsdp full_shard; until then the driver's mantissa variants of that model would fail.
-CHECK_WIDE_BLOCKS = False
 
 
 def driver_command(args, *extra):
@@ -81,8 +77,7 @@ def check_wide_blocks(args):
 def main():
     args = smoke_util.parse_args(__doc__.splitlines()[0])
     check_wide_mlp(args)
-    if CHECK_WIDE_BLOCKS:
-        check_wide_blocks(args)
+    check_wide_blocks(args)
 
 
 if __name__ == "__main__":

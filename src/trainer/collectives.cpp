@@ -154,7 +154,8 @@ void Collectives::check_same_text(const std::string& value, const std::string& w
                     " differ from rank 0's '", rank0, "' (rank ", rank(), " has '", value, "')");
 }
 
-void Collectives::broadcast_module_states(torch::nn::Module& module, bool with_buffers) const {
+void Collectives::broadcast_module_states(torch::nn::Module& module, bool with_buffers,
+                                          std::size_t bucket_bytes) const {
   std::vector<torch::Tensor> states;
   for (const auto& p : module.parameters()) states.push_back(p.detach());
   if (with_buffers) {
@@ -162,7 +163,7 @@ void Collectives::broadcast_module_states(torch::nn::Module& module, bool with_b
   }
   if (states.empty()) return;
   guarded("copying rank 0's model to every process",
-          [&] { c10d::broadcast_coalesced(group_, states, kBroadcastBucketBytes, /*rank=*/0); });
+          [&] { c10d::broadcast_coalesced(group_, states, bucket_bytes, /*rank=*/0); });
 }
 
 void Collectives::broadcast_tensors(const std::vector<torch::Tensor>& tensors) const {

@@ -65,8 +65,10 @@ class Collectives {
   /// not the same everywhere; `what` names it in the error.
   void check_same_text(const std::string& value, const std::string& what) const;
   /// Overwrites every rank's parameters (and buffers when `with_buffers`) with rank 0's, in
-  /// buckets of 250 MiB. Python: DDP's `_sync_module_states`.
-  void broadcast_module_states(torch::nn::Module& module, bool with_buffers) const;
+  /// buckets of `bucket_bytes` (250 MiB by default, DDP's), each a transient copy on every rank.
+  /// Python: DDP's `_sync_module_states`.
+  void broadcast_module_states(torch::nn::Module& module, bool with_buffers,
+                               std::size_t bucket_bytes = 250 * 1024 * 1024) const;
   /// Overwrites `tensors` with rank 0's, in place.
   void broadcast_tensors(const std::vector<torch::Tensor>& tensors) const;
   /// Rank 0's `bytes` on every rank.

@@ -71,9 +71,10 @@ torch::Tensor ProcessGroupStrategy::gather_rows(const torch::Tensor& rows, std::
   return collectives_->gather_rows(rows, num_examples, padding_value);
 }
 
-void ProcessGroupStrategy::agree_on_model(torch::nn::Module& module, bool with_buffers) const {
+void ProcessGroupStrategy::agree_on_model(torch::nn::Module& module, bool with_buffers,
+                                          std::size_t bucket_bytes) const {
   collectives_->check_same_parameters(module);
-  collectives_->broadcast_module_states(module, with_buffers);
+  collectives_->broadcast_module_states(module, with_buffers, bucket_bytes);
 }
 
 std::optional<std::string> ProcessGroupStrategy::gradient_checkpointing_blocker() const {

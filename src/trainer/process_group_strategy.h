@@ -63,8 +63,10 @@ class ProcessGroupStrategy : public Strategy {
   /// The Trainer's arguments, as given.
   const TrainingArguments& args() const noexcept { return args_; }
   /// The same parameters everywhere, rank 0's weights (and buffers when `with_buffers`) copied
-  /// to every process: the first half of preparing the model. A collective.
-  void agree_on_model(torch::nn::Module& module, bool with_buffers) const;
+  /// to every process in buckets of `bucket_bytes` (DDP's 250 MiB by default): the first half
+  /// of preparing the model. A collective.
+  void agree_on_model(torch::nn::Module& module, bool with_buffers,
+                      std::size_t bucket_bytes = 250 * 1024 * 1024) const;
   /// Written together (`CollectiveCheckpointIO`): rank 0, and each node's first process with
   /// `save_on_each_node`, write the files.
   CheckpointIO& checkpoint_io() override { return *checkpoint_io_; }

@@ -3,6 +3,10 @@
 #include <limits>
 #include <unordered_map>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <fmt/format.h>
 
 #include <mantissa/distributed.h>
@@ -77,7 +81,9 @@ std::string ShardedDataParallel::describe() const {
 }
 
 void ShardedDataParallel::prepare_model(torch::nn::Module& module) {
-  agree_on_model(module, /*with_buffers=*/true);
+  // Full sharding: small broadcast buckets, since each is a transient copy of that much model.
+  agree_on_model(module, /*with_buffers=*/true,
+                 full() ? std::size_t{16} << 20 : std::size_t{250} << 20);
   module_ = &module;
   if (!full()) return;
   auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(&module);
@@ -186,11 +192,18 @@ OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args
     for (const auto& block : blocks_) names.push_back(block.name);
     units_ = std::make_unique<sharded::ParameterUnits>(*flat_, group, std::move(names));
     if (runner_ != nullptr) runner_->attach(units_.get());
+#if defined(__GLIBC__)
+    // The parameters' original storage is freed now; glibc keeps large freed chunks in its
+    // heap (its mmap threshold grows with each one), so hand them back to the system.
+    malloc_trim(0);
+#endif
   } else {
     flat_ = std::make_unique<sharded::FlatParameters>(groups, rank(), world_size(),
                                                       args.resolved_ddp_bucket_cap_mb() * kMiB);
   }
-  grads_ = std::make_unique<sharded::GradientReduceScatter>(*flat_, group);
+  // Full sharding: two buckets' inputs in flight at most (a whole gradient otherwise).
+  grads_ = std::make_unique<sharded::GradientReduceScatter>(*flat_, group,
+                                                            /*max_in_flight=*/full() ? 2 : 0);
   shards_ = std::make_unique<sharded::ShardedAdamW>(
       *flat_, *grads_, std::move(options), plan.weights == WeightsMode::kFp32Masters, group);
   scaler.set_found_inf_reduction(
@@ -336,12 +349,29 @@ std::string ShardedDataParallel::describe_optimizer_state() const {
       bytes_text(unsharded));
 }
 
-OptimizerSetup ShardedDataParallel::unsharded_optimizer() const {
+std::vector<torch::Tensor> ShardedDataParallel::whole_params(bool stand_ins) const {
+  auto params = module_->parameters();
+  if (!stand_ins) return params;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t i = 0; i < flat_->params().size(); ++i) {
+    index[flat_->params()[i].unsafeGetTensorImpl()] = i;
+  }
+  for (auto& p : params) {
+    const auto found = index.find(p.unsafeGetTensorImpl());
+    if (found == index.end()) continue;  // frozen: whole on every rank
+    p = torch::zeros(flat_->shape(found->second), p.options().requires_grad(false))
+            .requires_grad_(p.requires_grad());
+  }
+  return params;
+}
+
+OptimizerSetup ShardedDataParallel::unsharded_optimizer(
+    const std::vector<torch::Tensor>& params) const {
   OptimizerSetup whole;
   if (plan_.weights == WeightsMode::kFp32Masters) {
-    whole.masters = std::make_unique<amp::MasterWeights>(module_->parameters());
+    whole.masters = std::make_unique<amp::MasterWeights>(params);
   }
-  whole.optimizer = make_trainer_optimizer(args(), module_->parameters(), whole.masters.get(),
+  whole.optimizer = make_trainer_optimizer(args(), params, whole.masters.get(),
                                            plan_.low_precision_update, /*factory=*/{});
   // The learning rates the schedule has set (the other options are the arguments').
   auto& groups = whole.optimizer.optimizer->param_groups();
@@ -354,9 +384,16 @@ OptimizerSetup ShardedDataParallel::unsharded_optimizer() const {
 }
 
 std::vector<torch::Tensor> ShardedDataParallel::optimized_tensors(
-    const OptimizerSetup& whole) const {
+    const OptimizerSetup& whole, const std::vector<torch::Tensor>& params) const {
+  // params[k] stands for module_->parameters()[k].
+  std::unordered_map<const c10::TensorImpl*, std::size_t> position;
+  const auto module_params = module_->parameters();
+  for (std::size_t k = 0; k < module_params.size(); ++k) {
+    position[module_params[k].unsafeGetTensorImpl()] = k;
+  }
   std::vector<torch::Tensor> tensors;
-  for (const auto& param : flat_->params()) {
+  for (const auto& flat_param : flat_->params()) {
+    const auto& param = params.at(position.at(flat_param.unsafeGetTensorImpl()));
     tensors.push_back(whole.masters != nullptr ? whole.masters->master_of(param) : param);
   }
   return tensors;
@@ -364,15 +401,16 @@ std::vector<torch::Tensor> ShardedDataParallel::optimized_tensors(
 
 void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                           const CheckpointParts& parts) {
-  // Full sharding: the whole model gathered while rank 0 puts the unsharded state together.
-  std::optional<sharded::ParameterUnits::Pin> whole_model;
-  if (units_ != nullptr) whole_model.emplace(*units_);
   auto full = sharded::gather_full_state(*shards_);
   OptimizerSetup whole;
   const bool built = passed_everywhere([&] {
     if (rank() != 0) return;
-    whole = unsharded_optimizer();
-    const auto tensors = optimized_tensors(whole);
+    // Full sharding: the files keep no weights of the optimizer's tensors (model.safetensors
+    // is gathered unit by unit, the masters come from their shards), so rank 0 builds the
+    // unsharded optimizer over zero stand-ins instead of gathering the model.
+    const auto params = whole_params(/*stand_ins=*/this->full());
+    whole = unsharded_optimizer(params);
+    const auto tensors = optimized_tensors(whole, params);
     if (whole.masters != nullptr) {
       torch::NoGradGuard no_grad;
       for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -403,7 +441,7 @@ void ShardedDataParallel::load_checkpoint(const std::string& dir, const Checkpoi
         here.optimizer = nullptr;
         here.masters = nullptr;
         if (rank() == 0) {
-          whole = unsharded_optimizer();
+          whole = unsharded_optimizer(module_->parameters());
           here.optimizer = whole.optimizer.optimizer.get();
           here.masters = whole.masters.get();
         }
@@ -412,7 +450,7 @@ void ShardedDataParallel::load_checkpoint(const std::string& dir, const Checkpoi
       /*whose_error=*/"rank 0's");
   sharded::FullOptimizerState full;
   if (rank() == 0) {
-    const auto tensors = optimized_tensors(whole);
+    const auto tensors = optimized_tensors(whole, module_->parameters());
     full = sharded::state_of(*whole.optimizer.fused, tensors);
     if (whole.masters != nullptr) {
       for (std::size_t i = 0; i < tensors.size(); ++i) {

@@ -104,11 +104,16 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   std::pair<std::int64_t, std::int64_t> optimizer_state_bytes() const;
 
  private:
-  /// A fresh unsharded optimizer (and masters) over the model, as a DDP run of this plan
-  /// builds it: what optimizer.pt and master_weights.pt are written from and read into.
-  OptimizerSetup unsharded_optimizer() const;
-  /// The tensors `whole`'s optimizer updates, in the order of `FlatParameters::params()`.
-  std::vector<torch::Tensor> optimized_tensors(const OptimizerSetup& whole) const;
+  /// The module's parameters, or with `stand_ins` zero tensors of the sharded ones' shapes in
+  /// their places (full sharding, where the module's own are empty outside a forward).
+  std::vector<torch::Tensor> whole_params(bool stand_ins) const;
+  /// A fresh unsharded optimizer (and masters) over `params` (`whole_params`), as a DDP run of
+  /// this plan builds it: what optimizer.pt and master_weights.pt are written from and read into.
+  OptimizerSetup unsharded_optimizer(const std::vector<torch::Tensor>& params) const;
+  /// The tensors `whole`'s optimizer updates, in the order of `FlatParameters::params()`;
+  /// `params` as given to `unsharded_optimizer`.
+  std::vector<torch::Tensor> optimized_tensors(const OptimizerSetup& whole,
+                                               const std::vector<torch::Tensor>& params) const;
 
   /// Whether the parameters are sharded (full sharding) rather than kept whole.
   bool full() const noexcept { return settings_.shards_parameters(); }

@@ -1,5 +1,7 @@
 #include "trainer/sharded/gradient_reduce_scatter.h"
 
+#include "trainer/sharded/wait_all.h"
+
 #include <memory>
 
 #include <ATen/ATen.h>
@@ -24,8 +26,9 @@ struct GradReadyHook final : torch::autograd::PostAccumulateGradHook {
 };
 
 GradientReduceScatter::GradientReduceScatter(FlatParameters& flat,
-                                             c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : flat_(flat), group_(std::move(group)) {
+                                             c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                             std::size_t max_in_flight)
+    : flat_(flat), group_(std::move(group)), max_in_flight_(max_in_flight) {
   TORCH_CHECK_VALUE(group_ && group_->getSize() == flat_.world_size(),
                     "GradientReduceScatter: the process group has ", group_ ? group_->getSize() : 0,
                     " ranks, the layout was planned for ", flat_.world_size());
@@ -90,6 +93,12 @@ void GradientReduceScatter::launch(std::size_t b) {
   }
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
+  if (max_in_flight_ > 0 && pending_.size() >= max_in_flight_) {
+    // The oldest finished first, so that its input is freed before this one's lives on.
+    pending_.front()->wait();
+    pending_.erase(pending_.begin());
+    in_flight_.erase(in_flight_.begin());
+  }
   pending_.push_back(group_->_reduce_scatter_base(shards_[b], flat, options));
   in_flight_.push_back(std::move(flat));
 }
@@ -101,16 +110,13 @@ void GradientReduceScatter::finish_backward() {
   while (next_bucket_ < ready_.size()) launch(next_bucket_++);
   auto pending = std::move(pending_);
   pending_.clear();
-  std::exception_ptr failure;
-  for (auto& work : pending) {
-    try {
-      work->wait();
-    } catch (...) {
-      if (failure == nullptr) failure = std::current_exception();
-    }
+  try {
+    wait_all(pending);
+  } catch (...) {
+    in_flight_.clear();
+    throw;
   }
   in_flight_.clear();
-  if (failure != nullptr) std::rethrow_exception(failure);
 }
 
 }  // namespace mantissa::detail::sharded

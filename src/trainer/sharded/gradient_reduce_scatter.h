@@ -32,7 +32,12 @@ class GradientReduceScatter {
   /// gradient. Throws `c10::ValueError` when a parameter already carries such a hook (naming
   /// its index): one tensor has one slot for it. `group` must span `flat.world_size()` ranks.
   /// `flat` must outlive this object (the hooks point to both).
-  GradientReduceScatter(FlatParameters& flat, c10::intrusive_ptr<c10d::ProcessGroup> group);
+  /// `max_in_flight` bounds the reduce-scatters (and their whole-bucket inputs) alive at once:
+  /// launching one more first waits for the oldest. 0: no bound (every bucket's input lives
+  /// until `finish_backward`, which overlaps most; full sharding bounds it, since there the
+  /// inputs of all buckets together are a whole model's gradient).
+  GradientReduceScatter(FlatParameters& flat, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                        std::size_t max_in_flight = 0);
   /// Removes the hooks.
   ~GradientReduceScatter();
   GradientReduceScatter(const GradientReduceScatter&) = delete;
@@ -72,6 +77,7 @@ class GradientReduceScatter {
   std::vector<std::size_t> expected_;  // per bucket: parameters that require grad
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_;
   std::vector<at::Tensor> in_flight_;  // the flat inputs, alive until the wait
+  std::size_t max_in_flight_ = 0;
   std::size_t next_bucket_ = 0;
   std::size_t launched_in_backward_ = 0;
   bool armed_ = false;  // this backward reduce-scatters

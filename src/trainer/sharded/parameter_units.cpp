@@ -1,5 +1,7 @@
 #include "trainer/sharded/parameter_units.h"
 
+#include "trainer/sharded/wait_all.h"
+
 #include <algorithm>
 #include <exception>
 #include <utility>
@@ -28,31 +30,29 @@ std::size_t unit_of(AutogradContext* ctx) {
   return static_cast<std::size_t>(ctx->saved_data["unit"].toInt());
 }
 
-// The identity on a block's input: its backward runs once the block's backward is done, and
-// frees the block. Python: FSDP2's RegisterPostBackwardFunction.
-struct AfterBlockBackward : torch::autograd::Function<AfterBlockBackward> {
+// Where a boundary node sits on a block, and so what its backward does.
+enum class Boundary : std::int64_t {
+  kInput,   // its backward runs once the block's backward is done: frees the block
+  kOutput,  // its backward runs before the block's: gathers the block again
+};
+
+// The identity on a block's input or output, whose backward frees or gathers the block. Python:
+// FSDP2's RegisterPostBackwardFunction and its pre-backward hook on the forward's outputs.
+struct BlockBoundary : torch::autograd::Function<BlockBoundary> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, ParameterUnits* units,
-                            std::size_t u) {
+                            std::size_t u, Boundary where) {
     remember(ctx, units, u);
+    ctx->saved_data["where"] = static_cast<std::int64_t>(where);
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    units_of(ctx)->after_block_backward(unit_of(ctx));
-    return {grads.at(0), at::Tensor(), at::Tensor()};
-  }
-};
-
-// The identity on a block's output: its backward runs before the block's, and gathers the block
-// again. Python: FSDP2's pre-backward hook on the forward's outputs.
-struct BeforeBlockBackward : torch::autograd::Function<BeforeBlockBackward> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, ParameterUnits* units,
-                            std::size_t u) {
-    remember(ctx, units, u);
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    units_of(ctx)->before_block_backward(unit_of(ctx));
-    return {grads.at(0), at::Tensor(), at::Tensor()};
+    const auto where = static_cast<Boundary>(ctx->saved_data["where"].toInt());
+    if (where == Boundary::kInput) {
+      units_of(ctx)->after_block_backward(unit_of(ctx));
+    } else {
+      units_of(ctx)->before_block_backward(unit_of(ctx));
+    }
+    return {grads.at(0), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -130,16 +130,8 @@ void ParameterUnits::wait(std::size_t u) {
   if (state_.at(u) != State::kGathering) return;
   auto works = std::move(works_[u]);
   works_[u].clear();
-  std::exception_ptr failure;
-  for (auto& work : works) {
-    try {
-      work->wait();
-    } catch (...) {
-      if (failure == nullptr) failure = std::current_exception();
-    }
-  }
   state_[u] = State::kGathered;
-  if (failure != nullptr) std::rethrow_exception(failure);
+  wait_all(works);
 }
 
 void ParameterUnits::gather(std::size_t u) {
@@ -228,9 +220,10 @@ at::Tensor ParameterUnits::run_block(std::size_t u,
   gather(u);
   if (const auto next = neighbour(last_order_, u, +1)) start_gather(*next);
   const bool recorded = at::GradMode::is_enabled();
-  const auto input = recorded && x.requires_grad() ? AfterBlockBackward::apply(x, this, u) : x;
+  const auto input =
+      recorded && x.requires_grad() ? BlockBoundary::apply(x, this, u, Boundary::kInput) : x;
   auto y = fn(input);
-  if (recorded && y.requires_grad()) y = BeforeBlockBackward::apply(y, this, u);
+  if (recorded && y.requires_grad()) y = BlockBoundary::apply(y, this, u, Boundary::kOutput);
   release(u);
   return y;
 }

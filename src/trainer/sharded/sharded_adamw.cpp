@@ -1,5 +1,7 @@
 #include "trainer/sharded/sharded_adamw.h"
 
+#include "trainer/sharded/wait_all.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -16,21 +18,6 @@ namespace {
 
 std::int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
-}
-
-// Waits for every work, then rethrows the first failure: no work is left running on buffers
-// that are about to be freed.
-void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-  std::exception_ptr failure;
-  for (auto& work : works) {
-    try {
-      work->wait();
-    } catch (...) {
-      if (failure == nullptr) failure = std::current_exception();
-    }
-  }
-  works.clear();
-  if (failure != nullptr) std::rethrow_exception(failure);
 }
 
 }  // namespace
