@@ -285,6 +285,14 @@ int run_check(const std::string& scenario, Launch l) {
   } else if (scenario == "full_fp16_loss_scaling") {
     ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
                            1e-4, 1e-4, false);
+  } else if (scenario == "full_load_best_model") {
+    // Evaluated and saved every 2 steps, the best checkpoint loaded back at the end (through
+    // load_model_state_dict into the shards, then the masters): the weights DDP ends with.
+    ok = check_against_ddp(l,
+                           {"--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy",
+                            "steps", "--save_steps", "2", "--load_best_model_at_end", "true",
+                            "--learning_rate", "0.05"},
+                           0, 0, true);
   } else if (scenario == "full_fp8") {
     // --fp8 converts the blocks' Linear layers to Float8Linear (first and last layers stay):
     // their weights are cast from the gathered block, and the amaxes are all-reduced as
