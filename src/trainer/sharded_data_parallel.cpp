@@ -68,7 +68,12 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<Collectives> collective
 }
 
 ShardedDataParallel::~ShardedDataParallel() {
-  if (runner_ != nullptr) runner_->attach(nullptr);
+  if (runner_ == nullptr) return;
+  runner_->attach(nullptr);
+  // The Trainer holds the model, so it is still there: its blocks run directly again.
+  if (auto* model = dynamic_cast<nn::SupportsGradientCheckpointing*>(module_)) {
+    model->set_block_runner(nullptr);
+  }
 }
 
 std::string ShardedDataParallel::describe() const {
