@@ -15,9 +15,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,9 +29,46 @@ extern char** environ;
 
 namespace mantissa::testing {
 
-/// A TCP port nobody listens on right now: bind port 0 on 127.0.0.1 and ask which one the
-/// kernel gave.
+namespace detail {
+
+// Whether `port` on 127.0.0.1 can be bound now (it is released again at once).
+inline bool can_bind(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The lower end of the kernel's ephemeral port range (32768 when it cannot be read).
+inline int ephemeral_low() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  return (range >> low >> high) ? low : 32768;
+}
+
+}  // namespace detail
+
+/// A TCP port nobody listens on right now on 127.0.0.1: a random one below the kernel's
+/// ephemeral range that binds, else (a range that leaves no room) whichever one the kernel
+/// gives for port 0.
 inline uint16_t free_port() {
+  // Below the ephemeral range: a port the kernel hands out for outgoing connections (the
+  // Gloo connections of a job running beside this one) cannot take it between the check here
+  // and the listen of the process that uses it.
+  const int low = detail::ephemeral_low();
+  if (low > 11000) {
+    static std::mt19937 random(std::random_device{}());
+    std::uniform_int_distribution<int> pick(10000, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const auto port = static_cast<uint16_t>(pick(random));
+      if (detail::can_bind(port)) return port;
+    }
+  }
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
