@@ -25,52 +25,53 @@ def driver_command(args, *extra):
             "--build_dir", args.build_dir, "--torchrun", torchrun, *extra]
 
 
-def check_wide_mlp(args):
-    """The default model, FashionWideMlp, and its five variants."""
-    result = smoke_util.run_driver(driver_command(args), "bench/sharded_memory")
+def checked_rows(result, expected, halved):
+    """The driver's rows by (impl, strategy), after checking that exactly `expected` ran, each
+    with a time, a peak and a loss in reason, that both DDPs hold the same state, and that each
+    variant in `halved` holds half of it (up to padding and step counters)."""
     assert result["bench"] == "sharded_memory", result["bench"]
     rows = {(r["impl"], r["strategy"]): r for r in result["rows"]}
-    expected = [("mantissa", "ddp"), ("mantissa", "shard_grad_op"), ("torch", "ddp"), ("torch", "fully_shard"),
-                ("torch", "zero")]
     assert sorted(rows) == sorted(expected), sorted(rows)
     for key, row in rows.items():
         assert row["steps_per_second"] > 0 and row["peak_rss_mib"] > 0, (key, row)
         assert math.isfinite(row["mean_loss"]) and 1.0 < row["mean_loss"] < 3.0, (key, row)
-    # AdamW's two fp32 moments over ~20.0M parameters: ~153 MiB whole, ~76 MiB a shard.
     ddp = rows[("mantissa", "ddp")]["state_mib_per_rank"]
     assert abs(ddp - rows[("torch", "ddp")]["state_mib_per_rank"]) < 0.01 * ddp, rows
-    for key in [("mantissa", "shard_grad_op"), ("torch", "fully_shard")]:
+    for key in halved:
         half = rows[key]["state_mib_per_rank"] / ddp
         assert 0.49 < half < 0.52, (key, half)
+    return rows
+
+
+def check_wide_mlp(args):
+    """The default model, FashionWideMlp (~20.0M parameters: AdamW's two fp32 moments are ~153
+    MiB whole, ~76 MiB a shard), and its five variants."""
+    result = smoke_util.run_driver(driver_command(args), "bench/sharded_memory")
+    rows = checked_rows(result,
+                        [("mantissa", "ddp"), ("mantissa", "shard_grad_op"), ("torch", "ddp"),
+                         ("torch", "fully_shard"), ("torch", "zero")],
+                        [("mantissa", "shard_grad_op"), ("torch", "fully_shard")])
     # ZeroRedundancyOptimizer hands out whole parameters, so the larger rank holds more than half.
+    ddp = rows[("mantissa", "ddp")]["state_mib_per_rank"]
     assert 0.49 < rows[("torch", "zero")]["state_mib_per_rank"] / ddp < 1.0, rows[("torch", "zero")]
     print("sharded_memory smoke: every variant ran; sharded ranks hold half the optimizer state")
 
 
 def check_wide_blocks(args):
-    """--model wide_blocks at width 512 with 4 blocks (~1.5M parameters): its six variants ran,
-    and every sharded one, whether it shards the state only (shard_grad_op, fully_shard) or the
-    weights too (full_shard, fully_shard_blocks), holds half of DDP's optimizer state."""
+    """--model wide_blocks at width 512 with 4 blocks (1,457,674 parameters: ~11.1 MiB of fp32
+    moments whole, ~5.6 MiB a shard): its six variants ran, and every sharded one, whether it
+    shards the state only (shard_grad_op, fully_shard) or the weights too (full_shard,
+    fully_shard_blocks), holds half of DDP's optimizer state."""
     result = smoke_util.run_driver(
         driver_command(args, "--model", "wide_blocks", "--width", "512", "--num_blocks", "4"),
         "bench/sharded_memory --model wide_blocks")
-    assert result["bench"] == "sharded_memory", result["bench"]
     settings = result["settings"]
     assert (settings["model"], settings["width"], settings["num_blocks"]) == ("wide_blocks", 512, 4), settings
-    rows = {(r["impl"], r["strategy"]): r for r in result["rows"]}
-    expected = [("mantissa", "ddp"), ("mantissa", "shard_grad_op"), ("mantissa", "full_shard"),
-                ("torch", "ddp"), ("torch", "fully_shard"), ("torch", "fully_shard_blocks")]
-    assert sorted(rows) == sorted(expected), sorted(rows)
-    for key, row in rows.items():
-        assert row["steps_per_second"] > 0 and row["peak_rss_mib"] > 0, (key, row)
-        assert math.isfinite(row["mean_loss"]) and 1.0 < row["mean_loss"] < 3.0, (key, row)
-    # AdamW's two fp32 moments over 1,457,674 parameters: ~11.1 MiB whole, ~5.6 MiB a shard.
-    ddp = rows[("mantissa", "ddp")]["state_mib_per_rank"]
-    assert abs(ddp - rows[("torch", "ddp")]["state_mib_per_rank"]) < 0.01 * ddp, rows
-    for key in [("mantissa", "shard_grad_op"), ("mantissa", "full_shard"), ("torch", "fully_shard"),
-                ("torch", "fully_shard_blocks")]:
-        half = rows[key]["state_mib_per_rank"] / ddp
-        assert 0.49 < half < 0.52, (key, half)
+    checked_rows(result,
+                 [("mantissa", "ddp"), ("mantissa", "shard_grad_op"), ("mantissa", "full_shard"),
+                  ("torch", "ddp"), ("torch", "fully_shard"), ("torch", "fully_shard_blocks")],
+                 [("mantissa", "shard_grad_op"), ("mantissa", "full_shard"), ("torch", "fully_shard"),
+                  ("torch", "fully_shard_blocks")])
     print("sharded_memory smoke, wide_blocks: every variant ran; sharded ranks hold half the optimizer state")
 
 

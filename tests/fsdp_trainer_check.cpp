@@ -262,6 +262,22 @@ bool check_bad_optimizer_state(const Launch& l) {
   return ok;
 }
 
+/// Two fully sharded ranks with `flags` (and `per_rank`'s flags for each rank) that must both
+/// stop with an error, neither hanging nor training on, rank `rank`'s log holding `words`.
+bool both_stop(const Launch& l, const std::string& name, const std::vector<std::string>& flags,
+               int rank, const std::string& words,
+               const std::function<std::vector<std::string>(int)>& per_rank = {}) {
+  const auto status =
+      run_ranks(l, 2,
+                std::vector<std::string>{"--results", l.dir + "/r.st"} +
+                    common_flags(l.dir + "/out") + kFull.flags + kFull.model + flags,
+                l.dir + "/" + name, per_rank);
+  const bool ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+  const auto who = "rank " + std::to_string(rank);
+  return ok && contains(read_text(l.dir + "/" + name + ".rank" + std::to_string(rank) + ".log"),
+                        words, who + "'s error");
+}
+
 int run_check(const std::string& scenario, Launch l) {
   const char* tmp = std::getenv("TMPDIR");
   l.dir = mantissa::io::make_temp_directory(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
@@ -339,59 +355,30 @@ int run_check(const std::string& scenario, Launch l) {
     // Linear layers named as the blocks to shard (fc1, fc2: the blocks' layers are
     // Float8Linear): the model runs neither through run_block, so fc1's weight is empty where
     // the model reads it and the first step stops, saying why.
-    const auto status = run_ranks(
-        l, 2,
-        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
-            kFull.flags + kFull.model +
-            std::vector<std::string>{"--fsdp_config",
-                                     R"({"transformer_layer_cls_to_wrap": ["LinearImpl"]})"},
-        l.dir + "/notrun");
-    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
-    ok &= contains(read_text(l.dir + "/notrun.rank0.log"),
-                   "fsdp full sharding: outside run_block a block's parameters have no elements",
-                   "rank 0's error");
+    ok = both_stop(l, "notrun",
+                   {"--fsdp_config", R"({"transformer_layer_cls_to_wrap": ["LinearImpl"]})"}, 0,
+                   "fsdp full sharding: outside run_block a block's parameters have no elements");
   } else if (scenario == "full_unknown_block_class") {
-    const auto status = run_ranks(
-        l, 2,
-        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
-            kFull.flags + kFull.model +
-            std::vector<std::string>{"--fsdp_config",
-                                     R"({"transformer_layer_cls_to_wrap": "DecoderLayer"})"},
-        l.dir + "/unknown");
-    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
-    ok &= contains(read_text(l.dir + "/unknown.rank0.log"),
-                   "transformer_layer_cls_to_wrap names 'DecoderLayer', but no module of",
-                   "rank 0's error");
+    ok = both_stop(l, "unknown",
+                   {"--fsdp_config", R"({"transformer_layer_cls_to_wrap": "DecoderLayer"})"}, 0,
+                   "transformer_layer_cls_to_wrap names 'DecoderLayer', but no module of");
   } else if (scenario == "full_mismatched_config") {
     // The ranks disagree on fsdp_config: stopped by the argument check, naming the field.
-    const auto status = run_ranks(
-        l, 2,
-        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
-            kFull.flags + kFull.model,
-        l.dir + "/args", [](int rank) {
-          return rank == 1 ? std::vector<std::string>{"--fsdp_config",
-                                                      R"({"auto_wrap_policy": "NO_WRAP"})"}
-                           : std::vector<std::string>{};
-        });
-    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
-    ok &= contains(read_text(l.dir + "/args.rank1.log"), "fsdp_config", "rank 1's error");
+    ok = both_stop(l, "args", {}, 1, "fsdp_config", [](int rank) {
+      return rank == 1 ? std::vector<std::string>{"--fsdp_config",
+                                                  R"({"auto_wrap_policy": "NO_WRAP"})"}
+                       : std::vector<std::string>{};
+    });
   } else if (scenario == "full_mismatched_blocks") {
     // The same arguments and parameters, but rank 1's model declares no blocks: the ranks
     // would gather different units, so both stop naming what differs.
-    const auto status = run_ranks(
-        l, 2,
-        std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out") +
-            kFull.flags + kFull.model,
-        l.dir + "/blocks", [](int rank) {
-          return rank == 1 ? std::vector<std::string>{"--declare_blocks", "false"}
-                           : std::vector<std::string>{};
-        });
-    ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
-    for (int r = 0; r < 2; ++r) {
-      ok &= contains(read_text(l.dir + "/blocks.rank" + std::to_string(r) + ".log"),
-                     "disagree about the blocks fsdp shards one at a time",
-                     "rank " + std::to_string(r) + "'s error");
-    }
+    const auto rank1_undeclared = [](int rank) {
+      return rank == 1 ? std::vector<std::string>{"--declare_blocks", "false"}
+                       : std::vector<std::string>{};
+    };
+    const std::string words = "disagree about the blocks fsdp shards one at a time";
+    ok = both_stop(l, "blocks", {}, 0, words, rank1_undeclared);
+    ok &= contains(read_text(l.dir + "/blocks.rank1.log"), words, "rank 1's error");
   } else if (scenario == "full_rank_killed") {
     const auto status = run_ranks(
         l, 2,
