@@ -14,9 +14,11 @@
 #include <mantissa/distributed.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
+#include "toy_training.h"
 #include "trainer/sharded/block_units.h"
 #include "trainer/sharded/flat_parameters.h"
 #include "trainer/sharded/parameter_units.h"
+#include "trainer/strategy.h"
 
 namespace {
 
@@ -289,6 +291,15 @@ TEST(ShardedUnits, ABlockUsedOutsideRunBlockFailsAndOneNeverRunIsNamed) {
   EXPECT_THAT(error_of([&] { fresh.units->check_blocks_ran(); }),
               HasSubstr("the block blocks.1 is a sharding unit, but the model's forward did not "
                         "run it through run_block"));
+}
+
+TEST(ShardedUnits, FsdpInALoneProcessTrainsUnshardedAndSaysSo) {
+  mantissa_test::WarningCapture warnings;
+  const auto strategy = mantissa::detail::make_strategy(
+      mantissa::TrainingArguments().fsdp("true"), c10::Device(c10::kCPU));
+  EXPECT_EQ(strategy->world_size(), 1);
+  EXPECT_THAT(warnings.messages,
+              ::testing::Contains(HasSubstr("fsdp: this process runs alone")));
 }
 
 }  // namespace

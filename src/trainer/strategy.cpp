@@ -69,6 +69,12 @@ std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10
     }
     return std::make_unique<DataParallel>(std::move(collectives), args);
   }
+  if (read_fsdp_settings(args.fsdp(), args.fsdp_config()).enabled) {
+    // HF refuses fsdp without several processes; the same command line runs here, unsharded.
+    TORCH_WARN_ONCE("fsdp: this process runs alone (no launcher set WORLD_SIZE above 1), so "
+                    "there is nothing to shard and it trains as one process; start it with "
+                    "torchrun --nproc_per_node N to shard");
+  }
   return std::make_unique<SingleProcess>();
 }
 
