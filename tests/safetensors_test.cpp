@@ -944,3 +944,35 @@ for entry in sorted(os.listdir(sys.argv[1])):
     EXPECT_EQ(cpp_verdict(dir.file(name + ".safetensors")), python_verdicts[name]) << name;
   }
 }
+
+namespace {
+
+TEST(SafetensorsFileTest, ReadsOneTensorOrARangeOfItWithoutTheRest) {
+  TempDir dir;
+  const auto path = dir.file("t.safetensors");
+  const auto a = torch::arange(12, torch::kFloat).view({3, 4});
+  const auto b = torch::arange(5, torch::kLong);
+  save_safetensors(path, {{"a", a}, {"b", b}}, {{"note", "x"}});
+  const mantissa::io::SafetensorsFile file(path);
+  EXPECT_EQ(file.keys(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(file.contains("b"));
+  EXPECT_FALSE(file.contains("c"));
+  EXPECT_EQ(file.metadata().at("note"), "x");
+  EXPECT_EQ(file.shape("a"), (std::vector<std::int64_t>{3, 4}));
+  EXPECT_EQ(file.dtype("b"), torch::kLong);
+  EXPECT_TRUE(torch::equal(file.get_tensor("a"), a));
+  EXPECT_TRUE(torch::equal(file.get_flat_slice("a", 5, 6), a.reshape({-1}).narrow(0, 5, 6)));
+  EXPECT_TRUE(torch::equal(file.get_flat_slice("b", 4, 1), b.narrow(0, 4, 1)));
+  EXPECT_EQ(file.get_flat_slice("b", 5, 0).numel(), 0);
+  EXPECT_THAT([&] { file.get_flat_slice("a", 10, 3); },
+              ThrowsMessage<c10::Error>(AllOf(HasSubstr("elements [10, 13) are outside tensor 'a'"),
+                                              HasSubstr(path))));
+  EXPECT_THAT([&] { file.get_tensor("c"); },
+              ThrowsMessage<c10::Error>(HasSubstr("has no tensor 'c'")));
+  // A corrupt header is refused when the file is opened, as load_safetensors refuses it.
+  write_raw_file(dir.file("bad.safetensors"), std::string(4, '\0'));
+  EXPECT_THAT([&] { mantissa::io::SafetensorsFile bad(dir.file("bad.safetensors")); },
+              ThrowsMessage<c10::Error>(HasSubstr("fewer than the 8-byte header length")));
+}
+
+}  // namespace

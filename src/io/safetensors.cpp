@@ -30,7 +30,8 @@
 #endif
 
 namespace mantissa::io {
-namespace {
+// Named rather than anonymous: SafetensorsFile::Impl, a class of the public header, holds these.
+namespace safetensors_internal {
 
 // The same limit as the reference implementation (safetensors' MAX_HEADER_SIZE): a header
 // length beyond it is taken for a corrupt file rather than allocated.
@@ -327,7 +328,8 @@ at::Tensor cpu_contiguous(const at::Tensor& tensor) {
   return tensor.detach().resolve_conj().resolve_neg().to(at::kCPU).contiguous();
 }
 
-}  // namespace
+}  // namespace safetensors_internal
+using namespace safetensors_internal;
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
@@ -393,26 +395,89 @@ void save_safetensors(const std::string& path,
   });
 }
 
-std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
-  const ReadOnlyFile file(path);
-  const Header header = read_header(file, path);
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  out.reserve(header.entries.size());
-  for (const auto& entry : header.entries) {
-    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
-    const std::uint64_t nbytes = entry.end - entry.begin;
-    if (nbytes > 0) {
-      file.read_exactly(tensor.mutable_data_ptr(), nbytes, header.data_start + entry.begin,
-                        "tensor '" + entry.name + "'");
-    }
-    out.emplace_back(entry.name, std::move(tensor));
+struct SafetensorsFile::Impl {
+  Impl(const std::string& p) : path(p), file(p), header(read_header(file, p)) {
+    for (std::size_t i = 0; i < header.entries.size(); ++i) index.emplace(header.entries[i].name, i);
   }
+  const Entry& entry(const std::string& name) const {
+    const auto found = index.find(name);
+    TORCH_CHECK(found != index.end(), "safetensors file '", path, "' has no tensor '", name, "'");
+    return header.entries[found->second];
+  }
+  std::string path;
+  ReadOnlyFile file;
+  Header header;
+  std::unordered_map<std::string, std::size_t> index;
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : impl_(std::make_unique<Impl>(path)) {}
+SafetensorsFile::~SafetensorsFile() = default;
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+
+std::vector<std::string> SafetensorsFile::keys() const {
+  std::vector<std::string> names;
+  names.reserve(impl_->header.entries.size());
+  for (const auto& entry : impl_->header.entries) names.push_back(entry.name);
+  return names;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  return impl_->index.count(name) != 0;
+}
+
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
+  return impl_->header.metadata;
+}
+
+c10::ScalarType SafetensorsFile::dtype(const std::string& name) const {
+  return impl_->entry(name).dtype;
+}
+
+std::vector<std::int64_t> SafetensorsFile::shape(const std::string& name) const {
+  return impl_->entry(name).shape;
+}
+
+at::Tensor SafetensorsFile::get_tensor(const std::string& name) const {
+  const auto& entry = impl_->entry(name);
+  at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+  const std::uint64_t nbytes = entry.end - entry.begin;
+  if (nbytes > 0) {
+    impl_->file.read_exactly(tensor.mutable_data_ptr(), nbytes,
+                             impl_->header.data_start + entry.begin, "tensor '" + name + "'");
+  }
+  return tensor;
+}
+
+at::Tensor SafetensorsFile::get_flat_slice(const std::string& name, std::int64_t begin,
+                                           std::int64_t numel) const {
+  const auto& entry = impl_->entry(name);
+  const auto element = static_cast<std::uint64_t>(c10::elementSize(entry.dtype));
+  const auto total = static_cast<std::int64_t>((entry.end - entry.begin) / element);
+  TORCH_CHECK(begin >= 0 && numel >= 0 && begin <= total && numel <= total - begin,
+              "safetensors file '", impl_->path, "': elements [", begin, ", ", begin + numel,
+              ") are outside tensor '", name, "', which has ", total);
+  at::Tensor tensor = at::empty({numel}, at::TensorOptions().dtype(entry.dtype));
+  if (numel > 0) {
+    impl_->file.read_exactly(
+        tensor.mutable_data_ptr(), static_cast<std::uint64_t>(numel) * element,
+        impl_->header.data_start + entry.begin + static_cast<std::uint64_t>(begin) * element,
+        "tensor '" + name + "'");
+  }
+  return tensor;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
+  const SafetensorsFile file(path);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& name : file.keys()) out.emplace_back(name, file.get_tensor(name));
   return out;
 }
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
-  const ReadOnlyFile file(path);
-  return read_header(file, path).metadata;
+  return SafetensorsFile(path).metadata();
 }
 
 }  // namespace mantissa::io

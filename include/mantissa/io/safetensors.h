@@ -12,7 +12,9 @@
 // order of their offsets. Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL,
 // and also U64, U32, U16, F8_E4M3, F8_E5M2, C64.
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +59,43 @@ std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::stri
 /// The `__metadata__` of a safetensors file (empty when it has none), after the same header
 /// checks as `load_safetensors`. Python: `safe_open(path, "pt").metadata()`.
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+
+/// An open safetensors file whose tensors are read one at a time, or in part, without reading
+/// the rest: what a reader of one rank's piece of a large file needs. Python:
+/// `safetensors.safe_open(path, framework="pt")` with `get_tensor` and `get_slice`.
+///
+/// Opening reads and checks the header as `load_safetensors` does (so a bad file raises a
+/// `c10::Error` naming it before any tensor is read); the file stays open until the object is
+/// destroyed. Reads are `pread`s, safe from several threads. No device work.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
+
+  /// The file's path, as given.
+  const std::string& path() const;
+  /// The tensor names, in file order (by data offset).
+  std::vector<std::string> keys() const;
+  /// Whether the file holds a tensor `name`.
+  bool contains(const std::string& name) const;
+  /// The `__metadata__` (empty when the file has none).
+  const std::map<std::string, std::string>& metadata() const;
+  /// Tensor `name`'s dtype and shape; a `c10::Error` naming the file when it has no such tensor.
+  c10::ScalarType dtype(const std::string& name) const;
+  std::vector<std::int64_t> shape(const std::string& name) const;
+  /// Tensor `name`, whole, as a CPU tensor. Python: `f.get_tensor(name)`.
+  at::Tensor get_tensor(const std::string& name) const;
+  /// Elements [begin, begin + numel) of tensor `name` taken in row-major order, as a 1-D CPU
+  /// tensor; only those bytes are read. Python: `f.get_slice(name)` on the flattened tensor.
+  /// A range outside the tensor raises a `c10::Error` naming the tensor and the file.
+  at::Tensor get_flat_slice(const std::string& name, std::int64_t begin, std::int64_t numel) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Writes a module's parameters and buffers (recursively, with Hugging Face's dotted names
 /// such as "fc1.weight" and "bn.running_mean") to `path` with `save_safetensors`, parameters
