@@ -7,7 +7,8 @@ sharded rank holds half of what a data-parallel rank holds, up to the padding an
 counters, on both sides.
 
 check_wide_blocks runs the driver's --model wide_blocks variants the same way (a small 512-wide,
-4-block model), full sharding included.
+4-block model), full sharding included; check_checkpoints runs bench/sharded_checkpoint on that
+model (both state dict types, both sharding modes, one save each).
 
     bench/sharded_memory_smoke_test.py --build_dir build --python .venv/bin/python"""
 
@@ -75,10 +76,33 @@ def check_wide_blocks(args):
     print("sharded_memory smoke, wide_blocks: every variant ran; sharded ranks hold half the optimizer state")
 
 
+def check_checkpoints(args):
+    """bench/sharded_checkpoint --quick on the 512-wide, 4-block model: every variant saved once,
+    and the shard files of SHARDED_STATE_DICT hold the same bytes as FULL_STATE_DICT's whole
+    files, up to the safetensors headers (within 5%)."""
+    torchrun = os.path.join(os.path.dirname(args.python), "torchrun")
+    result = smoke_util.run_driver(
+        [args.python, os.path.join(HERE, "sharded_checkpoint"), "--quick", "--precisions", "fp32",
+         "--width", "512", "--num_blocks", "4", "--build_dir", args.build_dir, "--torchrun", torchrun],
+        "bench/sharded_checkpoint")
+    assert result["bench"] == "sharded_checkpoint", result["bench"]
+    rows = {(r["strategy"], r["state_dict_type"]): r for r in result["rows"]}
+    assert sorted(rows) == sorted((s, t) for s in ("full_shard", "shard_grad_op")
+                                  for t in ("FULL_STATE_DICT", "SHARDED_STATE_DICT")), sorted(rows)
+    for key, row in rows.items():
+        assert row["save_ms"] > 0 and row["checkpoint_mib"] > 0, (key, row)
+    for strategy in ("full_shard", "shard_grad_op"):
+        whole = rows[(strategy, "FULL_STATE_DICT")]["checkpoint_mib"]
+        shards = rows[(strategy, "SHARDED_STATE_DICT")]["checkpoint_mib"]
+        assert abs(shards - whole) < 0.05 * whole, (strategy, whole, shards)
+    print("sharded_checkpoint smoke: both state dict types saved the same state in both modes")
+
+
 def main():
     args = smoke_util.parse_args(__doc__.splitlines()[0])
     check_wide_mlp(args)
     check_wide_blocks(args)
+    check_checkpoints(args)
 
 
 if __name__ == "__main__":

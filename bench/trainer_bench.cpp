@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -57,6 +58,7 @@
 #include "trainer/optimizer_state_table.h"
 
 #include "fashion_models.h"
+#include "median.h"
 #include "idx_dataset.h"
 
 namespace {
@@ -82,6 +84,8 @@ struct Config {
   bool every_rank = false;
   std::optional<std::int64_t> ddp_bucket_cap_mb;  // unset: the Trainer's default
   std::string fsdp;                               // the Trainer's --fsdp (shard_grad_op)
+  std::optional<std::string> fsdp_config;         // the Trainer's --fsdp_config
+  std::int64_t save_steps = 0;                    // checkpoint every N steps; 0: never
   std::int64_t width = 2048;                      // wide_blocks: the blocks' width
   std::int64_t num_blocks = 12;                   // wide_blocks: how many
 
@@ -97,6 +101,8 @@ struct Measurement {
   double median_step_seconds = 0.0;
   double mean_loss = 0.0;  // over every step of the run, warmup included
   std::int64_t optimizer_state_bytes = 0;  // optimizer_state_bytes() at the end of the run
+  double median_save_seconds = 0.0;        // per checkpoint save (--save_steps), 0 without
+  double checkpoint_mib = 0.0;             // the last checkpoint folder's files, 0 without
 };
 
 /// A line of /proc/self/status in MiB ("VmRSS", "VmHWM").
@@ -187,6 +193,31 @@ struct StepClockCallback : mantissa::TrainerCallback {
   StepClock& clock;
 };
 
+/// The wall time of each checkpoint save: from the end of the step that triggers it (the save
+/// follows on_step_end) to on_save.
+struct SaveClockCallback : mantissa::TrainerCallback {
+  explicit SaveClockCallback(std::vector<double>& seconds) : seconds(seconds) {}
+  void on_step_end(const mantissa::TrainingArguments&, mantissa::TrainerState&,
+                   mantissa::TrainerControl&) override {
+    step_end = Clock::now();
+  }
+  void on_save(const mantissa::TrainingArguments&, mantissa::TrainerState&,
+               mantissa::TrainerControl&) override {
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - step_end).count());
+  }
+  Clock::time_point step_end;
+  std::vector<double>& seconds;
+};
+
+/// The bytes of the files under `dir`, in MiB.
+double folder_mib(const std::string& dir) {
+  std::int64_t bytes = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) bytes += static_cast<std::int64_t>(entry.file_size());
+  }
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
 std::int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
 }
@@ -241,7 +272,9 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
                   .bf16(c.bf16())
                   .master_weights(c.masters() ? "on" : "auto")
                   .logging_strategy("no")
-                  .save_strategy("no")
+                  .save_strategy(c.save_steps > 0 ? "steps" : "no")
+                  .save_steps(static_cast<double>(std::max<std::int64_t>(c.save_steps, 1)))
+                  .fsdp_config(c.fsdp_config)
                   .disable_tqdm(true)
                   .seed(c.seed)
                   .ddp_bucket_cap_mb(c.ddp_bucket_cap_mb)
@@ -254,10 +287,18 @@ Measurement run_trainer(const Config& c, Model model, FashionMnist data) {
   trainer.add_callback(std::make_shared<StepClockCallback>(clock));
   std::int64_t state_bytes = 0;
   trainer.add_callback(std::make_shared<StateBytesCallback>(c.masters(), state_bytes));
+  std::vector<double> save_seconds;
+  trainer.add_callback(std::make_shared<SaveClockCallback>(save_seconds));
   const auto result = trainer.train();
+  double checkpoint_mib = 0.0;
+  const auto last = mantissa::io::join_path(
+      output_dir, "checkpoint-" + std::to_string(c.total_steps() / std::max<std::int64_t>(c.save_steps, 1) *
+                                                 c.save_steps));
+  if (c.save_steps > 0 && mantissa::io::is_directory(last)) checkpoint_mib = folder_mib(last);
   mantissa::io::remove_all(output_dir);
-  return {clock.seconds(), clock.cpu_seconds(), clock.median_step_seconds(), result.training_loss,
-          state_bytes};
+  return {clock.seconds(),      clock.cpu_seconds(),  clock.median_step_seconds(),
+          result.training_loss, state_bytes,          save_seconds.empty() ? 0.0 : mantissa_bench::median(save_seconds),
+          checkpoint_mib};
 }
 
 /// What a LibTorch user writes by hand for the same run, with the same building blocks.
@@ -371,6 +412,12 @@ int main(int argc, char** argv) try {
   app.add_option("--fsdp", c.fsdp,
                  "the Trainer's fsdp: shard_grad_op shards gradients and optimizer state across "
                  "the processes, full_shard (or true) the parameters too (--impl trainer)");
+  app.add_option("--fsdp_config", c.fsdp_config,
+                 "the Trainer's --fsdp_config, e.g. '{\"state_dict_type\": \"SHARDED_STATE_DICT\"}'");
+  app.add_option("--save_steps", c.save_steps,
+                 "checkpoint every N steps and report the median save time and the last "
+                 "checkpoint's size (0: no checkpoints)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--every_rank", c.every_rank,
                "every rank prints its JSON line (with its rank and its own peak RSS), not only "
                "rank 0");
@@ -419,7 +466,8 @@ int main(int argc, char** argv) try {
       "\"seconds\":%.6f,\"cpu_seconds\":%.6f,\"median_step_ms\":%.4f,\"steps_per_second\":%.3f,"
       "\"samples_per_second\":%.1f,\"mean_loss\":%.5f,"
       "\"setup_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"torch\":\"%s\",\"world_size\":%lld,"
-      "\"rank\":%lld,\"fsdp\":\"%s\",\"optimizer_state_bytes\":%lld%s}\n",
+      "\"rank\":%lld,\"fsdp\":\"%s\",\"optimizer_state_bytes\":%lld,\"save_steps\":%lld,"
+      "\"median_save_ms\":%.1f,\"checkpoint_mib\":%.2f%s}\n",
       c.impl.c_str(), c.model.c_str(), c.precision.c_str(), c.optim.c_str(),
       static_cast<long long>(c.batch_size), static_cast<long long>(c.warmup),
       static_cast<long long>(c.steps), at::get_num_threads(), default_threads, m.seconds,
@@ -427,7 +475,8 @@ int main(int argc, char** argv) try {
       static_cast<double>(c.steps * c.batch_size) / m.seconds, m.mean_loss, setup_rss_mib,
       status_mib("VmHWM"), TORCH_VERSION, static_cast<long long>(env.world_size),
       static_cast<long long>(env.rank), c.fsdp.c_str(),
-      static_cast<long long>(m.optimizer_state_bytes), ops_json.c_str());
+      static_cast<long long>(m.optimizer_state_bytes), static_cast<long long>(c.save_steps),
+      1e3 * m.median_save_seconds, m.checkpoint_mib, ops_json.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_bench: error: %s\n", e.what());
