@@ -135,6 +135,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/process_group_strategy.cpp
   src/trainer/data_parallel.cpp
   src/trainer/sharded_data_parallel.cpp
+  src/trainer/sharded_data_parallel_state.cpp
   src/trainer/single_process.cpp
   src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp
@@ -143,6 +144,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/sharded/gradient_reduce_scatter.cpp
   src/trainer/sharded/sharded_adamw.cpp
   src/trainer/sharded/full_state.cpp
+  src/trainer/sharded/shard_files.cpp
   src/trainer/sharded/block_units.cpp
   src/trainer/sharded/parameter_units.cpp
   src/trainer/graph_engine.cpp

@@ -12,6 +12,8 @@
 
 #include <mantissa/training_arguments.h>
 
+#include "training_arguments/fsdp_checks.h"
+
 namespace {
 
 using mantissa::TrainingArguments;
@@ -135,8 +137,15 @@ TEST(FsdpArguments, ConfigAsJsonObject) {
                     "backward_prefetch": "backward_pre", "min_num_params": 0,
                     "transformer_layer_cls_to_wrap": ["Block"], "offload_params": false})")),
             "<no exception>");
-  EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")),
-              HasSubstr("state_dict_type \"SHARDED_STATE_DICT\" is not supported"));
+  EXPECT_EQ(validate_error(sharded().fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")),
+            "<no exception>");
+  EXPECT_TRUE(mantissa::detail::read_fsdp_settings("true", R"({"state_dict_type": "SHARDED_STATE_DICT"})")
+                  .sharded_state_dict);
+  EXPECT_FALSE(mantissa::detail::read_fsdp_settings("true", R"({"state_dict_type": "FULL_STATE_DICT"})")
+                   .sharded_state_dict);
+  EXPECT_FALSE(mantissa::detail::read_fsdp_settings("true", std::nullopt).sharded_state_dict);
+  EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"state_dict_type": "LOCAL_STATE_DICT"})")),
+              HasSubstr("state_dict_type \"LOCAL_STATE_DICT\" is not a state dict type"));
   EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"fsdp_offload_params": true})")),
               HasSubstr("'fsdp_offload_params' true is not supported"));
   EXPECT_THAT(validate_error(sharded().fsdp_config(R"({"use_orig_params": "yes"})")),

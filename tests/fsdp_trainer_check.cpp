@@ -178,6 +178,93 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
   return ok;
 }
 
+/// fsdp_config state_dict_type SHARDED_STATE_DICT: every rank writes its own shard files. 8
+/// steps in one go against 4 + a resume from those shards at 2 ranks: bitwise. Resharded for 3
+/// ranks (with a warning), the shards give bit for bit what the same state saved whole
+/// (FULL_STATE_DICT, by an otherwise identical run) gives at 3 ranks. An unsharded run refuses
+/// them by name, and a missing shard file stops every rank, naming it, the checkpoint intact.
+bool check_sharded_resume(const Launch& l, const std::vector<std::string>& precision) {
+  const std::vector<std::string> sharded_files{"--fsdp_config",
+                                               R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
+  const std::vector<std::string> flags =
+      std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
+                               "32",         "--save_steps", "4",
+                               "--ddp_bucket_cap_mb", "1"} +
+      g_mode.model + precision;
+  const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
+    auto args = flags + common_flags(l.dir + "/" + name) +
+                std::vector<std::string>{"--save_strategy", "steps", "--results",
+                                         l.dir + "/" + name + ".st"} +
+                extra;
+    return world == 1 ? std::vector<int>{run_alone(l, args, l.dir + "/" + name + ".log")}
+                      : run_ranks(l, world, args, l.dir + "/" + name);
+  };
+  bool ok = all_zero(run("sharded", 2, kSharded + sharded_files));
+  ok &= all_zero(run("whole", 2, kSharded));
+  const auto checkpoint = l.dir + "/sharded/checkpoint-4";
+  for (const char* file :
+       {"model_shards/shard-00000-of-00002.safetensors",
+        "model_shards/shard-00001-of-00002.safetensors",
+        "optimizer_shards/shard-00000-of-00002.safetensors",
+        "optimizer_shards/shard-00001-of-00002.safetensors", "scheduler.pt", "rng_state_0.pth",
+        "rng_state_1.pth", "trainer_state.json"}) {
+    const bool there = mantissa::io::path_exists(checkpoint + "/" + file);
+    std::cout << "checkpoint-4/" << file << (there ? " written" : " MISSING") << std::endl;
+    ok &= there;
+  }
+  for (const char* file : {"model.safetensors", "optimizer.pt", "master_weights.pt"}) {
+    const bool there = mantissa::io::path_exists(checkpoint + "/" + file);
+    std::cout << "checkpoint-4/" << file << (there ? " WRITTEN as well" : " not written")
+              << std::endl;
+    ok &= !there;
+  }
+  if (!ok) return false;
+  // The state dict type changes no step: the two runs trained alike.
+  ok &= same_tensor(load_results(l.dir + "/sharded.st.rank0"),
+                    load_results(l.dir + "/whole.st.rank0"), "losses", 0, 0,
+                    "losses, sharded vs whole checkpoints");
+  const auto resume = [](const std::string& dir) {
+    return std::vector<std::string>{"--resume_from_checkpoint", dir};
+  };
+  ok &= all_zero(run("resumed", 2, kSharded + resume(checkpoint)));
+  for (int r = 0; ok && r < 2; ++r) {
+    const auto suffix = ".st.rank" + std::to_string(r);
+    ok &= same_weights(load_results(l.dir + "/sharded" + suffix),
+                       load_results(l.dir + "/resumed" + suffix), 0, 0,
+                       "uninterrupted vs resumed from the shards, rank " + std::to_string(r) +
+                           " (bitwise)");
+  }
+  ok &= all_zero(run("resumed-3", 3, kSharded + resume(checkpoint)));
+  ok &= contains(read_text(l.dir + "/resumed-3.rank0.log"),
+                 "resharding the checkpoint", "3 ranks' warning");
+  ok &= all_zero(run("whole-resumed-3", 3, kSharded + resume(l.dir + "/whole/checkpoint-4")));
+  if (ok) {
+    ok &= same_weights(load_results(l.dir + "/whole-resumed-3.st.rank0"),
+                       load_results(l.dir + "/resumed-3.st.rank0"), 0, 0,
+                       "3 ranks resumed from the whole files vs resharded shards (bitwise)");
+    ok &= same_tensor(load_results(l.dir + "/whole-resumed-3.st.rank0"),
+                      load_results(l.dir + "/resumed-3.st.rank0"), "losses", 0, 0,
+                      "3 ranks' losses, whole files vs resharded shards");
+  }
+  // Data parallel cannot read the shards: refused by name on both ranks.
+  auto status = run("ddp", 2, resume(checkpoint));
+  ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+  ok &= contains(read_text(l.dir + "/ddp.rank1.log"), "holds each process's shards",
+                 "DDP's refusal");
+  // A shard file lost: every rank stops naming it; the checkpoint keeps its other files.
+  const auto lost = checkpoint + "/optimizer_shards/shard-00001-of-00002.safetensors";
+  ok &= std::rename(lost.c_str(), (lost + ".aside").c_str()) == 0;
+  status = run("missing", 2, kSharded + resume(checkpoint));
+  ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+  for (int r = 0; r < 2; ++r) {
+    ok &= contains(read_text(l.dir + "/missing.rank" + std::to_string(r) + ".log"),
+                   "shard-00001-of-00002.safetensors' is missing", "the missing shard's error");
+  }
+  ok &= mantissa::io::path_exists(checkpoint + "/model_shards/shard-00001-of-00002.safetensors");
+  ok &= mantissa::io::path_exists(checkpoint + "/trainer_state.json");
+  return ok;
+}
+
 /// Loads the optimizer.pt at `path` into a FusedAdamW over stand-in parameters of the saved
 /// groups and shapes, lets `edit` change the first parameter's state, and writes the file back:
 /// what a script that edits a checkpoint makes.
@@ -337,6 +424,19 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_resume(l, {});
   } else if (scenario == "full_resume_bf16_masters") {
     ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "full_sharded_state_dict") {
+    ok = check_sharded_resume(l, {});
+  } else if (scenario == "full_sharded_state_dict_bf16_masters") {
+    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "full_load_best_model_sharded") {
+    // The best checkpoint's shards loaded back at the end, the masters from them.
+    kSharded = kFull.flags + std::vector<std::string>{
+                                 "--fsdp_config", R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
+    ok = check_against_ddp(l,
+                           {"--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy",
+                            "steps", "--save_steps", "2", "--load_best_model_at_end", "true",
+                            "--learning_rate", "0.05"},
+                           0, 0, true);
   } else if (scenario == "full_pytorch_parity" || scenario == "full_pytorch_parity_checkpointing") {
     // PyTorch's FSDP2, fully_shard(block, reshard_after_forward=True) on each block and then on
     // the root, against mantissa's bare --fsdp over the same blocks.
@@ -420,6 +520,8 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_resume(l, {});
   } else if (scenario == "resume_bf16_masters") {
     ok = check_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "sharded_state_dict_bf16_masters") {
+    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"});
   } else if (scenario == "rank_killed") {
     const auto status = run_ranks(
         l, 2,

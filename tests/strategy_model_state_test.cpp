@@ -127,12 +127,7 @@ TEST(StrategyModelStateTest, LoadsGoThroughTheStrategyAndNameTheFile) {
   EXPECT_THAT(strategy.origins[0], HasSubstr(checkpoint + "/model.safetensors"));
 
   // The best-model load takes the same way.
-  mantissa::detail::load_checkpoint_weights(
-      checkpoint,
-      [&](const mantissa::io::NamedTensors& state, const std::string& origin) {
-        strategy.load_model_state_dict(*run.model, state, origin);
-      },
-      nullptr);
+  strategy.load_checkpoint_weights(*run.model, checkpoint, nullptr);
   EXPECT_EQ(strategy.origins.size(), 2U);
 }
 

@@ -241,7 +241,8 @@
     "HF's FSDP settings: a JSON object, or the path of a JSON file that holds one. Read: version " \
     "(2), reshard_after_forward (true), auto_wrap_policy (TRANSFORMER_BASED_WRAP, "                 \
     "SIZE_BASED_WRAP or NO_WRAP), transformer_layer_cls_to_wrap (default: the model's "             \
-    "no_split_modules), min_num_params, state_dict_type (FULL_STATE_DICT), "                       \
+    "no_split_modules), min_num_params, state_dict_type (FULL_STATE_DICT, or SHARDED_STATE_DICT "   \
+    "for per-process shard files), "                                                                \
     "activation_checkpointing, cpu_ram_efficient_loading, cpu_offload; FSDP1's keys are accepted "  \
     "and change nothing; other keys are refused.")                                                 \
   /* ---- CUDA graphs (mantissa) ------------------------------------------------------ */         \

@@ -115,12 +115,12 @@ const SavedStates& saved_states_of(const CheckpointParts& parts) {
   return parts.saved_states != nullptr ? *parts.saved_states : kNone;
 }
 
-// Reads model.safetensors at `path` into the model: through `load_model_state` when given, else
+// Reads model.safetensors at `path` into the model: through `load_model_file` when given, else
 // straight into `model`'s tensors.
-void load_model_file(const std::string& path, const ModelStateLoader& load_model_state,
+void read_model_file(const std::string& path, const ModelFileLoader& load_model_file,
                      torch::nn::Module& model) {
-  if (load_model_state) {
-    load_model_state(io::load_safetensors(path), " from '" + path + "'");
+  if (load_model_file) {
+    load_model_file(path);
   } else {
     io::load_module_safetensors(path, model);
   }
@@ -130,12 +130,12 @@ void load_model_file(const std::string& path, const ModelStateLoader& load_model
 
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
                             const io::NamedTensors& model_state, const FileFaults& faults) {
-  // Refused before anything is written: its optimizer.pt could not be checked when loaded.
-  optimizer_state_kind(*parts.optimizer);
   const auto file = [&](const char* name) { return io::join_path(folder, name); };
-  faults.writing(file("model.safetensors"));
-  io::save_safetensors(file("model.safetensors"), model_state, {{"format", "pt"}});
-  {
+  if (!parts.in_shards) {
+    // Refused before anything is written: its optimizer.pt could not be checked when loaded.
+    optimizer_state_kind(*parts.optimizer);
+    faults.writing(file("model.safetensors"));
+    io::save_safetensors(file("model.safetensors"), model_state, {{"format", "pt"}});
     torch::serialize::OutputArchive archive;
     parts.optimizer->save(archive);
     write_archive(file("optimizer.pt"), archive, faults);
@@ -144,7 +144,7 @@ void write_checkpoint_files(const std::string& folder, const CheckpointParts& pa
   parts.scheduler->save(file("scheduler.pt"));
   faults.writing(file("scaler.pt"));
   parts.scaler->save(file("scaler.pt"));
-  if (parts.masters != nullptr) {
+  if (parts.masters != nullptr && !parts.in_shards) {
     torch::serialize::OutputArchive archive;
     parts.masters->save(archive);
     write_archive(file("master_weights.pt"), archive, faults);
@@ -227,11 +227,15 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
     if (parts.check_state) parts.check_state(state);
     *parts.state = std::move(state);
   });
-  loading(file("model.safetensors"), [&] {
-    load_model_file(file("model.safetensors"), parts.load_model_state, *parts.model);
-  });
-  if (parts.masters != nullptr) load_masters(file("master_weights.pt"), *parts.masters);
-  if (parts.optimizer != nullptr)
+  if (!parts.in_shards) {
+    loading(file("model.safetensors"), [&] {
+      read_model_file(file("model.safetensors"), parts.load_model_file, *parts.model);
+    });
+  }
+  if (parts.masters != nullptr && !parts.in_shards) {
+    load_masters(file("master_weights.pt"), *parts.masters);
+  }
+  if (parts.optimizer != nullptr && !parts.in_shards)
     loading(file("optimizer.pt"), [&] {
       torch::serialize::InputArchive archive;
       io::load_torch_archive(file("optimizer.pt"), archive);
@@ -271,14 +275,11 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   loading(rng_file, [&] { restore_rng_states(io::load_torch_file(rng_file)); });
 }
 
-void load_checkpoint_weights(const std::string& dir, const ModelStateLoader& load_model_state,
+void load_checkpoint_weights(const std::string& dir, const ModelFileLoader& load_model_file,
                              amp::MasterWeights* masters) {
   TORCH_CHECK_VALUE(io::is_directory(dir), "the checkpoint folder '", dir, "' does not exist");
   const auto file = [&](const char* name) { return io::join_path(dir, name); };
-  loading(file("model.safetensors"), [&] {
-    const auto path = file("model.safetensors");
-    load_model_state(io::load_safetensors(path), " from '" + path + "'");
-  });
+  loading(file("model.safetensors"), [&] { load_model_file(file("model.safetensors")); });
   if (masters == nullptr) return;
   if (!io::path_exists(file("master_weights.pt"))) {
     masters->copy_model_to_masters();

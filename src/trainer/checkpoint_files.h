@@ -7,6 +7,9 @@
 //     scheduler.pt           the LR scheduler (torch.save format, LambdaLR's keys)
 //     scaler.pt              the GradScaler (torch.save format, PyTorch's keys)
 //     master_weights.pt      fp32 master weights, when the model is low-precision
+//     model_shards/, optimizer_shards/
+//                            instead of the three above, with fsdp SHARDED_STATE_DICT: each
+//                            process's pieces of them (trainer/sharded/shard_files.h)
 //     <registered files>     one per piece of the run's saved-state registry
 //                            (trainer/saved_state.h), such as fp8_state.pt with
 //                            --fp8 --fp8_recipe delayed
@@ -38,10 +41,9 @@
 
 namespace mantissa::detail {
 
-/// Puts the tensors of a checkpoint's model.safetensors into the model; `origin` (" from
-/// '<file>'") names the file in errors. What a strategy's `load_model_state_dict` does.
-using ModelStateLoader =
-    std::function<void(const io::NamedTensors& state, const std::string& origin)>;
+/// Puts the tensors of the model.safetensors at `path` into the model, naming the file in
+/// errors. What a strategy's `load_model_file` does.
+using ModelFileLoader = std::function<void(const std::string& path)>;
 
 /// Everything a checkpoint holds. `masters` may be null.
 struct CheckpointParts {
@@ -49,13 +51,17 @@ struct CheckpointParts {
   /// `model_state`, `load_model_state`).
   torch::nn::Module* model = nullptr;
   /// Loading: how model.safetensors goes into `model`; empty: straight into its tensors.
-  ModelStateLoader load_model_state;
+  ModelFileLoader load_model_file;
   amp::MasterWeights* masters = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
   LrScheduler* scheduler = nullptr;
   amp::GradScaler* scaler = nullptr;
   TrainerState* state = nullptr;
   const TrainingArguments* args = nullptr;
+  /// The weights, the optimizer state and the masters are in per-process shard files, which
+  /// the strategy writes and reads (fsdp SHARDED_STATE_DICT, sharded/shard_files.h):
+  /// model.safetensors, optimizer.pt and master_weights.pt are neither written nor read.
+  bool in_shards = false;
   /// The run's registered pieces of state, each with a file of its own; null for none.
   const SavedStates* saved_states = nullptr;
   /// Loading only: called with the saved TrainerState before anything else is restored; it
@@ -106,12 +112,12 @@ std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
 /// + `_load_rng_state`. Syncs.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 
-/// Loads only the weights of a checkpoint: model.safetensors through `load_model_state`, and
+/// Loads only the weights of a checkpoint: model.safetensors through `load_model_file`, and
 /// `masters` when not null (from master_weights.pt, so that they are exact; from the model when
 /// the file is absent). What `load_best_model_at_end` does. A missing or corrupt file raises a
 /// c10::Error naming it. Syncs.
 void load_checkpoint_weights(const std::string& checkpoint_dir,
-                             const ModelStateLoader& load_model_state,
+                             const ModelFileLoader& load_model_file,
                              amp::MasterWeights* masters);
 
 /// The arguments a checkpoint was saved with (`training_args.json`, read without validating

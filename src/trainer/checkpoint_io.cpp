@@ -13,10 +13,12 @@
 namespace mantissa::detail {
 
 void LocalCheckpointIO::save(const std::string& output_dir, std::int64_t step,
-                             const CheckpointWriter& write_files) {
+                             const CheckpointWriter& write_files,
+                             const CheckpointWriter& write_own) {
   const std::string folder = begin_checkpoint(output_dir, step, /*shared_name=*/false);
   try {
     write_files(folder);
+    if (write_own) write_own(folder);
     write_rng_state(folder, /*process_index=*/0, /*num_processes=*/1, faults_);
     publish_checkpoint(output_dir, folder, step);
   } catch (...) {
@@ -31,7 +33,8 @@ void LocalCheckpointIO::load(const std::string& /*dir*/, const std::function<voi
 }
 
 void CollectiveCheckpointIO::save(const std::string& output_dir, std::int64_t step,
-                                  const CheckpointWriter& write_files) {
+                                  const CheckpointWriter& write_files,
+                                  const CheckpointWriter& write_own) {
   const auto& dp = collectives_;
   const auto folder = shared_checkpoint_folder(output_dir, step);
   // Where a process without a writer of its own adds its random state: rank 0's folder (its
@@ -63,15 +66,21 @@ void CollectiveCheckpointIO::save(const std::string& output_dir, std::int64_t st
   attempt([&] {
     const auto& target = io::is_directory(folder) ? folder : rank0_folder;
     if (io::is_directory(target)) {
+      if (write_own) write_own(target);
       write_rng_state(target, dp.rank(), dp.world_size());
     } else {
+      TORCH_CHECK(!write_own, "no checkpoint folder is visible to this process ('", folder,
+                  "' nor rank 0's '", rank0_folder,
+                  "'), so it cannot write its shard files: a sharded checkpoint needs a file "
+                  "system every process shares");
       // A node that has no writer and does not share rank 0's file system.
       TORCH_WARN_ONCE("rank ", dp.rank(), ": no checkpoint folder is visible to this process ('",
                       folder, "' nor rank 0's '", rank0_folder,
                       "'), so its random state is not saved; a resume starts it afresh");
     }
   });
-  agreed("writing each process's random state");
+  agreed(write_own ? "writing each process's shards and random state"
+                   : "writing each process's random state");
   if (writer_) attempt([&] { publish_checkpoint(output_dir, folder, step); });
   agreed("moving the checkpoint into place");
 }

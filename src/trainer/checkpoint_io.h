@@ -29,12 +29,13 @@ class CheckpointIO {
   virtual ~CheckpointIO() = default;
 
   /// Makes `output_dir/checkpoint-<step>` appear whole: the writing processes run
-  /// `write_files` into a temporary folder, every process adds its random state, and the
-  /// folder is published. A failure anywhere leaves no new folder and the older checkpoints as
+  /// `write_files` into a temporary folder, every process runs `write_own` there (its shard
+  /// files, when given) and adds its random state, and the folder is published. A failure anywhere leaves no new folder and the older checkpoints as
   /// they were, and raises on every process. Python: the folder handling of HF's
   /// `Trainer._save_checkpoint`. Syncs.
   virtual void save(const std::string& output_dir, std::int64_t step,
-                    const CheckpointWriter& write_files) = 0;
+                    const CheckpointWriter& write_files,
+                    const CheckpointWriter& write_own = {}) = 0;
   /// Runs `load` (this process reading `dir`) and returns only when it succeeded on every
   /// process; otherwise raises on every process, naming `dir`, so that none trains on while
   /// another stopped. An error of this process passes unchanged; the others point to
@@ -47,8 +48,8 @@ class CheckpointIO {
 class LocalCheckpointIO final : public CheckpointIO {
  public:
   explicit LocalCheckpointIO(FileFaults faults = {}) : faults_(std::move(faults)) {}
-  void save(const std::string& output_dir, std::int64_t step,
-            const CheckpointWriter& write_files) override;
+  void save(const std::string& output_dir, std::int64_t step, const CheckpointWriter& write_files,
+            const CheckpointWriter& write_own = {}) override;
   void load(const std::string& dir, const std::function<void()>& load,
             const char* whose_error = "its") override;
 
@@ -58,14 +59,15 @@ class LocalCheckpointIO final : public CheckpointIO {
 
 /// The checkpoints of several processes over `collectives`: the processes where `writer`
 /// (HF's `should_save`) write the files into a folder shared by name, every process adds
-/// `rng_state_<rank>.pth` (into rank 0's folder when it has none of its own), the writers
+/// `rng_state_<rank>.pth` and what `write_own` writes (into rank 0's folder when it has none of
+/// its own; shard files need one every process sees), the writers
 /// publish it; they agree after each stage, and a failure anywhere abandons the folder.
 class CollectiveCheckpointIO final : public CheckpointIO {
  public:
   CollectiveCheckpointIO(const Collectives& collectives, bool writer)
       : collectives_(collectives), writer_(writer) {}
-  void save(const std::string& output_dir, std::int64_t step,
-            const CheckpointWriter& write_files) override;
+  void save(const std::string& output_dir, std::int64_t step, const CheckpointWriter& write_files,
+            const CheckpointWriter& write_own = {}) override;
   void load(const std::string& dir, const std::function<void()>& load,
             const char* whose_error = "its") override;
 

@@ -21,6 +21,7 @@
 #include "trainer/sharded/full_state.h"
 #include "trainer/sharded/gradient_reduce_scatter.h"
 #include "trainer/sharded/parameter_units.h"
+#include "trainer/sharded/shard_files.h"
 #include "trainer/sharded/sharded_adamw.h"
 #include "training_arguments/fsdp_checks.h"
 
@@ -31,7 +32,9 @@ class UnitRunner;
 /// Several processes, each with 1/world_size of the gradients and of the optimizer state, and
 /// with full sharding of the parameters. Checkpoints hold the whole state (HF's
 /// FULL_STATE_DICT), gathered on rank 0, in the files an unsharded run writes: a single process
-/// and a DDP run resume them, and a sharded run resumes theirs, at any world size.
+/// and a DDP run resume them, and a sharded run resumes theirs, at any world size. With
+/// SHARDED_STATE_DICT each process writes its own shard files instead, which a sharded run of
+/// any size resumes.
 class ShardedDataParallel final : public ProcessGroupStrategy {
  public:
   /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`), in the mode
@@ -77,8 +80,6 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// shard_grad_op: all-gathers the updated shards into every process's parameters. A
   /// collective. Full sharding: nothing (the next forward gathers).
   void after_optimizer_step() override;
-  /// Copies the model's (just loaded) weights into the fp32 master shards.
-  void after_weights_loaded() override;
   /// "optimizer state per process: ... MiB (1/2 of the ... MiB data parallel holds)"; with full
   /// sharding the parameters, gradients and a unit's gather too.
   std::string describe_optimizer_state() const override;
@@ -86,17 +87,29 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// Full sharding: the whole parameters, gathered unit by unit (each freed before the next),
   /// copied to the CPU on rank 0; the other ranks get an empty list. A collective.
   io::NamedTensors model_state_dict(const torch::nn::Module& module) const override;
-  /// Full sharding: the whole model gathered, `state` loaded into it, each process's shards
-  /// taken from it, freed again. Syncs.
+  /// Full sharding: each process copies its shards' elements of `state` into them, checked
+  /// first as `load_state_dict(strict=True)` checks; nothing is gathered. Syncs.
   void load_model_state_dict(torch::nn::Module& module, const io::NamedTensors& state,
                              const std::string& origin) override;
+  /// Full sharding: each process reads only its shards' elements of the file. Syncs.
+  void load_model_file(torch::nn::Module& module, const std::string& path) override;
 
-  /// Gathers the whole optimizer state (and the masters) on rank 0, which writes them as an
-  /// unsharded run would; then the shared protocol. A collective.
+  /// FULL_STATE_DICT: gathers the whole optimizer state (and the masters) on rank 0, which
+  /// writes them as an unsharded run would; SHARDED_STATE_DICT: rank 0 writes the files of the
+  /// whole run (scheduler, scaler, state) and every process its model and optimizer shards.
+  /// Then the shared protocol. A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
-  /// Every process loads the model, scheduler, scaler, state and its random state; rank 0 reads
-  /// the optimizer state (and masters) and cuts it into this run's shards. A collective.
+  /// Every process loads the scheduler, scaler, state and its random state. A checkpoint of
+  /// whole files: every process reads its elements of model.safetensors, rank 0 reads the
+  /// optimizer state (and masters) and cuts it into this run's shards. A checkpoint of shard
+  /// files: every process reads its elements of the weights and of the optimizer state from
+  /// them, whatever number of processes saved them (with a warning when it differs). A
+  /// collective.
   void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
+  /// The weights, and the master shards: from the shard files' masters where the checkpoint
+  /// has them, else copied from the loaded weights. A collective.
+  void load_checkpoint_weights(torch::nn::Module& module, const std::string& dir,
+                               amp::MasterWeights* masters) override;
 
   /// Optimizer-state bytes one process holds, and the bytes an unsharded process would hold
   /// (same dtypes, no padding): moments, Kahan buffers, fp32 masters and their gradients. From
@@ -107,6 +120,21 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// The module's parameters, or with `stand_ins` zero tensors of the sharded ones' shapes in
   /// their places (full sharding, where the module's own are empty outside a forward).
   std::vector<torch::Tensor> whole_params(bool stand_ins) const;
+  /// Each `FlatParameters::params()`'s name in the module (HF's dotted names).
+  std::vector<std::string> flat_param_names() const;
+  /// Each `FlatParameters::params()`'s index in `module_->parameters()`.
+  std::vector<std::size_t> module_positions() const;
+  /// Loads the module's whole state from `source` into this process's shards (and the tensors
+  /// every process keeps whole), strictly, checking every name, shape and dtype first.
+  void load_model_from(torch::nn::Module& module, const sharded::TensorSource& source);
+  /// Writes this process's shard files of the weights and of the optimizer state into
+  /// `folder` (rank 0's also hold the tensors every process keeps whole).
+  void write_shards(const std::string& folder) const;
+  /// Reads this process's elements of the shard files of checkpoint `dir`: the weights, and
+  /// the optimizer state, or with `weights_only` the masters alone. Not a collective.
+  void load_shards(const std::string& dir, bool weights_only);
+  /// The FULL_STATE_DICT side of `load_checkpoint`.
+  void load_full_checkpoint(const std::string& dir, const CheckpointParts& through_strategy);
   /// A fresh unsharded optimizer (and masters) over `params` (`whole_params`), as a DDP run of
   /// this plan builds it: what optimizer.pt and master_weights.pt are written from and read into.
   OptimizerSetup unsharded_optimizer(const std::vector<torch::Tensor>& params) const;

@@ -3,6 +3,7 @@
 #include <mantissa/clip_grad.h>
 
 #include "trainer/data_parallel.h"
+#include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
 #include "trainer/single_process.h"
 
@@ -35,6 +36,10 @@ void Strategy::load_model_state_dict(torch::nn::Module& module, const io::NamedT
   io::load_module_state_dict(module, state, /*strict=*/true, /*allow_dtype_cast=*/false, origin);
 }
 
+void Strategy::load_model_file(torch::nn::Module& module, const std::string& path) {
+  load_model_state_dict(module, io::load_safetensors(path), " from '" + path + "'");
+}
+
 void Strategy::save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) {
   const auto model_state = model_state_dict(*parts.model);
   checkpoint_io().save(output_dir, parts.state->global_step, [&](const std::string& folder) {
@@ -44,16 +49,33 @@ void Strategy::save_checkpoint(const std::string& output_dir, const CheckpointPa
 
 void Strategy::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
   const auto here = loading_through_strategy(parts);
-  checkpoint_io().load(dir, [&] { detail::load_checkpoint(dir, here); });
+  checkpoint_io().load(dir, [&] {
+    check_not_sharded(dir);
+    detail::load_checkpoint(dir, here);
+  });
+}
+
+void Strategy::load_checkpoint_weights(torch::nn::Module& module, const std::string& dir,
+                                       amp::MasterWeights* masters) {
+  check_not_sharded(dir);
+  detail::load_checkpoint_weights(
+      dir, [&](const std::string& path) { load_model_file(module, path); }, masters);
 }
 
 CheckpointParts Strategy::loading_through_strategy(const CheckpointParts& parts) {
   CheckpointParts here = parts;
   torch::nn::Module* model = parts.model;
-  here.load_model_state = [this, model](const io::NamedTensors& state, const std::string& origin) {
-    load_model_state_dict(*model, state, origin);
-  };
+  here.load_model_file = [this, model](const std::string& path) { load_model_file(*model, path); };
   return here;
+}
+
+void Strategy::check_not_sharded(const std::string& dir) {
+  TORCH_CHECK_VALUE(!sharded::is_sharded_checkpoint(dir), "the checkpoint '", dir,
+                    "' holds each process's shards (fsdp_config state_dict_type "
+                    "SHARDED_STATE_DICT: model_shards/, optimizer_shards/) instead of "
+                    "model.safetensors: resume it with --fsdp (at any number of processes), or "
+                    "turn it into whole files by resuming it with --fsdp and saving with "
+                    "FULL_STATE_DICT");
 }
 
 torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params,

@@ -192,6 +192,11 @@ class Strategy {
   /// copies).
   virtual void load_model_state_dict(torch::nn::Module& module, const io::NamedTensors& state,
                                      const std::string& origin);
+  /// Loads the model.safetensors at `path` (whole tensors, as `model_state_dict` writes them)
+  /// into the model, as `load_model_state_dict` does, naming the file in errors. By default the
+  /// file is read whole; a strategy that shards parameters reads only its shards' elements.
+  /// Syncs.
+  virtual void load_model_file(torch::nn::Module& module, const std::string& path);
 
   // ---- the optimizer and its update ---------------------------------------------------------
 
@@ -220,9 +225,6 @@ class Strategy {
   /// gathers the new weights into every process's model here. Nothing by default. A
   /// collective where it communicates.
   virtual void after_optimizer_step() {}
-  /// After the model's weights were replaced outside a step (the best model loaded back): a
-  /// strategy that keeps masters of its own refreshes them from the model. Nothing by default.
-  virtual void after_weights_loaded() {}
   /// A line for the run's start about the optimizer state this process holds, or nothing.
   virtual std::string describe_optimizer_state() const { return {}; }
 
@@ -234,14 +236,25 @@ class Strategy {
   /// A strategy that holds state in pieces gathers it first. A collective.
   virtual void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts);
   /// Restores `parts` from the checkpoint folder `dir`, the model through
-  /// `load_model_state_dict`; every process learns whether all loaded. A collective.
+  /// `load_model_file`; every process learns whether all loaded. A checkpoint of per-process
+  /// shard files (fsdp SHARDED_STATE_DICT) is refused by name by the strategies that do not
+  /// shard. A collective.
   virtual void load_checkpoint(const std::string& dir, const CheckpointParts& parts);
+  /// Loads only the weights of the checkpoint `dir` into `module`, and into `masters` (the
+  /// engine's fp32 masters, or null) or the strategy's own masters: exactly from the saved
+  /// masters where the checkpoint has them, else from the loaded weights. What
+  /// `load_best_model_at_end` does. Python: HF's `Trainer._load_best_model`. A collective where
+  /// parameters are sharded; syncs.
+  virtual void load_checkpoint_weights(torch::nn::Module& module, const std::string& dir,
+                                       amp::MasterWeights* masters);
 
  protected:
   /// How this strategy's checkpoint folders come to exist.
   virtual CheckpointIO& checkpoint_io() = 0;
-  /// `parts` with the model loaded through `load_model_state_dict`.
+  /// `parts` with the model loaded through `load_model_file`.
   CheckpointParts loading_through_strategy(const CheckpointParts& parts);
+  /// Refuses `dir` by name when it holds shard files, which this strategy cannot read.
+  static void check_not_sharded(const std::string& dir);
 };
 
 /// The strategy the environment and `args` ask for: when a launcher started this process as

@@ -257,13 +257,7 @@ void Trainer::Impl::load_best_model() {
       "mantissa: loading the best model from {} ({} {})", dir,
       args_.resolved_metric_for_best_model(),
       state_.best_metric ? fmt::format("{:g}", *state_.best_metric) : std::string("unknown")));
-  detail::load_checkpoint_weights(
-      dir,
-      [this](const io::NamedTensors& state, const std::string& origin) {
-        strategy_->load_model_state_dict(*module_, state, origin);
-      },
-      objects_.masters.get());
-  strategy_->after_weights_loaded();
+  strategy_->load_checkpoint_weights(*module_, dir, objects_.masters.get());
 }
 
 void Trainer::Impl::save_checkpoint() {

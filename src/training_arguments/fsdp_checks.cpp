@@ -123,13 +123,12 @@ void read_config(const Json& object, FsdpSettings& settings, bool& explicit_resh
       TORCH_CHECK_VALUE(value.is_string(), "fsdp_config: state_dict_type takes a string, got ",
                         io::describe_json(value));
       const auto& type = value.get_ref<const std::string&>();
-      TORCH_CHECK_VALUE(type != "SHARDED_STATE_DICT",
-                        "fsdp_config: state_dict_type \"SHARDED_STATE_DICT\" is not supported "
-                        "yet; FULL_STATE_DICT (the default) writes one model.safetensors and one "
-                        "optimizer.pt on rank 0 that a run of any size resumes");
-      TORCH_CHECK_VALUE(type == "FULL_STATE_DICT", "fsdp_config: state_dict_type ",
-                        io::describe_json(value),
-                        " is not a state dict type; FULL_STATE_DICT is the default");
+      TORCH_CHECK_VALUE(type == "FULL_STATE_DICT" || type == "SHARDED_STATE_DICT",
+                        "fsdp_config: state_dict_type ", io::describe_json(value),
+                        " is not a state dict type: FULL_STATE_DICT (the default: rank 0 writes "
+                        "one model.safetensors and one optimizer.pt) or SHARDED_STATE_DICT (each "
+                        "process writes its own shard files)");
+      settings.sharded_state_dict = type == "SHARDED_STATE_DICT";
     } else if (key == "version") {
       TORCH_CHECK_VALUE(value.is_number_integer() &&
                             (value.get<std::int64_t>() == 1 || value.get<std::int64_t>() == 2),

@@ -31,6 +31,9 @@ struct FsdpSettings {
   std::int64_t min_num_params = 0;
   /// `activation_checkpointing`: every unit's block recomputed in the backward.
   bool activation_checkpointing = false;
+  /// `state_dict_type` SHARDED_STATE_DICT: each process writes its own shard files into a
+  /// checkpoint; FULL_STATE_DICT (false, the default): rank 0 writes the whole state.
+  bool sharded_state_dict = false;
 
   /// Gradients and optimizer state sharded, parameters whole (`--fsdp shard_grad_op`, ZeRO-2).
   bool shards_grad_op() const noexcept { return enabled && !reshard_after_forward; }
@@ -43,8 +46,7 @@ struct FsdpSettings {
 /// file holding one; HF's `fsdp_` key prefix is dropped as HF drops it). A key of
 /// `fsdp_config` wins over what a legacy string implies, as HF's `setdefault` lets it. Throws
 /// c10::ValueError naming the option, key or value: the FSDP1-only options and `version` 1, an
-/// unknown option or key, a value of the wrong type, CPU offload (not built), XLA,
-/// SHARDED_STATE_DICT (not yet written). Python: `TrainingArguments._process_fsdp_args` and
+/// unknown option or key, a value of the wrong type, CPU offload (not built), XLA. Python: `TrainingArguments._process_fsdp_args` and
 /// accelerate's `FullyShardedDataParallelPlugin`. Warns once when legacy strings are used, and
 /// when `fsdp_config` is set without sharding. Reads the file `fsdp_config` names; no device.
 FsdpSettings read_fsdp_settings(const std::string& fsdp,

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <mantissa/amp/master_weights.h>
@@ -16,9 +17,8 @@ namespace {
 using optim::FusedAdamWOptions;
 using optim::FusedAdamWParamState;
 
-enum class Kind { kExpAvg, kExpAvgSq, kMaxExpAvgSq, kKahanComp, kMaster };
-constexpr std::array<Kind, 5> kKinds = {Kind::kExpAvg, Kind::kExpAvgSq, Kind::kMaxExpAvgSq,
-                                        Kind::kKahanComp, Kind::kMaster};
+using Kind = StateKind;
+constexpr auto kKinds = kStateKinds;
 
 std::vector<at::Tensor>& field(FullOptimizerState& state, Kind kind) {
   switch (kind) {
@@ -40,21 +40,7 @@ const std::vector<at::Tensor>& field(const FullOptimizerState& state, Kind kind)
   return field(const_cast<FullOptimizerState&>(state), kind);  // the same member, read only
 }
 
-const char* name_of(Kind kind) {
-  switch (kind) {
-    case Kind::kExpAvg:
-      return "exp_avg";
-    case Kind::kExpAvgSq:
-      return "exp_avg_sq";
-    case Kind::kMaxExpAvgSq:
-      return "max_exp_avg_sq";
-    case Kind::kKahanComp:
-      return "kahan_comp";
-    case Kind::kMaster:
-      break;
-  }
-  return "master";
-}
+const char* name_of(Kind kind) { return state_kind_name(kind); }
 
 const FusedAdamWParamState* state_for(const optim::FusedAdamW& optimizer, const at::Tensor& t) {
   const auto it = optimizer.state().find(t.unsafeGetTensorImpl());
@@ -78,12 +64,8 @@ at::Tensor tensor_of(const FusedAdamWParamState& s, Kind kind) {
   return {};
 }
 
-// This rank's shard of `kind` for bucket `b`, undefined when the run keeps none.
 at::Tensor local_shard(const ShardedAdamW& shards, std::size_t b, Kind kind) {
-  const auto& p = shards.shard_params()[b];
-  if (kind == Kind::kMaster) return shards.has_master(b) ? p : at::Tensor();
-  const auto* s = state_for(shards.optimizer(), p);
-  return s != nullptr ? tensor_of(*s, kind) : at::Tensor();
+  return local_state_shard(shards, b, kind);
 }
 
 const FusedAdamWOptions& options_of(const ShardedAdamW& shards, std::size_t b) {
@@ -92,9 +74,11 @@ const FusedAdamWOptions& options_of(const ShardedAdamW& shards, std::size_t b) {
       shards.optimizer().param_groups().at(group).options());
 }
 
-void check_state_shapes(const FullOptimizerState& state, const std::vector<at::Tensor>& params,
-                        const char* where) {
-  const auto n = params.size();
+// `shapes` are the parameters' own shapes, which a released parameter (full sharding) no
+// longer shows.
+void check_state_shapes(const FullOptimizerState& state,
+                        const std::vector<std::vector<std::int64_t>>& shapes, const char* where) {
+  const auto n = shapes.size();
   for (const auto kind : kKinds) {
     const auto& tensors = field(state, kind);
     const bool required = !state.empty() && (kind == Kind::kExpAvg || kind == Kind::kExpAvgSq);
@@ -107,14 +91,78 @@ void check_state_shapes(const FullOptimizerState& state, const std::vector<at::T
                           " is missing");
         continue;
       }
-      TORCH_CHECK_VALUE(tensors[i].numel() == params[i].numel(), where, ": ", name_of(kind),
-                        " of parameter ", i, " has shape ", tensors[i].sizes(),
-                        ", the parameter has shape ", params[i].sizes());
+      TORCH_CHECK_VALUE(tensors[i].numel() == c10::multiply_integers(shapes[i]), where, ": ",
+                        name_of(kind), " of parameter ", i, " has shape ", tensors[i].sizes(),
+                        ", the parameter has shape ", at::IntArrayRef(shapes[i]));
     }
   }
 }
 
 }  // namespace
+
+const char* state_kind_name(StateKind kind) {
+  switch (kind) {
+    case StateKind::kExpAvg:
+      return "exp_avg";
+    case StateKind::kExpAvgSq:
+      return "exp_avg_sq";
+    case StateKind::kMaxExpAvgSq:
+      return "max_exp_avg_sq";
+    case StateKind::kKahanComp:
+      return "kahan_comp";
+    case StateKind::kMaster:
+      break;
+  }
+  return "master";
+}
+
+at::Tensor local_state_shard(const ShardedAdamW& shards, std::size_t b, StateKind kind) {
+  const auto& p = shards.shard_params()[b];
+  if (kind == StateKind::kMaster) return shards.has_master(b) ? p : at::Tensor();
+  const auto* s = state_for(shards.optimizer(), p);
+  return s != nullptr ? tensor_of(*s, kind) : at::Tensor();
+}
+
+at::Tensor local_step(const ShardedAdamW& shards, std::size_t b) {
+  const auto* s = state_for(shards.optimizer(), shards.shard_params()[b]);
+  return s != nullptr ? s->step() : at::Tensor();
+}
+
+void restore_bucket_state(ShardedAdamW& shards, std::size_t b, const at::Tensor& step,
+                          const std::function<bool(StateKind, at::Tensor&)>& fill) {
+  at::NoGradGuard no_grad;
+  const auto& p = shards.shard_params()[b];
+  if (shards.has_master(b)) {
+    auto master = p;
+    if (!fill(Kind::kMaster, master)) master.copy_(shards.flat().shard(b));
+  }
+  auto& optimizer = shards.optimizer();
+  optimizer.state().erase(p.unsafeGetTensorImpl());
+  if (!step.defined()) return;
+  const auto& options = options_of(shards, b);
+  const auto moments = p.options().dtype(
+      options.fp32_moments() && amp::is_low_precision(p.scalar_type()) ? at::kFloat
+                                                                       : p.scalar_type());
+  auto fresh = std::make_unique<FusedAdamWParamState>();
+  fresh->step(step.to(p.device()).to(at::kFloat).reshape({}).clone());
+  auto exp_avg = at::zeros_like(p, moments);
+  auto exp_avg_sq = at::zeros_like(p, moments);
+  TORCH_CHECK(fill(Kind::kExpAvg, exp_avg) && fill(Kind::kExpAvgSq, exp_avg_sq),
+              "restore_bucket_state: bucket ", b, " has a step but no moments");
+  fresh->exp_avg(exp_avg);
+  fresh->exp_avg_sq(exp_avg_sq);
+  if (options.amsgrad()) {
+    auto max = at::zeros_like(p, moments);
+    fill(Kind::kMaxExpAvgSq, max);
+    fresh->max_exp_avg_sq(max);
+  }
+  if (amp::is_low_precision(p.scalar_type()) &&
+      options.low_precision_update() == optim::LowPrecisionUpdate::kKahan) {
+    auto kahan = at::zeros_like(p);
+    if (fill(Kind::kKahanComp, kahan)) fresh->kahan_comp(kahan);
+  }
+  optimizer.state()[p.unsafeGetTensorImpl()] = std::move(fresh);
+}
 
 FullOptimizerState gather_full_state(const ShardedAdamW& shards) {
   const auto& flat = shards.flat();
@@ -174,7 +222,9 @@ void scatter_full_state(ShardedAdamW& shards, const FullOptimizerState& state) {
   auto step = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
   if (root) {
     try {
-      check_state_shapes(state, params, "scatter_full_state");
+      std::vector<std::vector<std::int64_t>> shapes;
+      for (std::size_t i = 0; i < params.size(); ++i) shapes.push_back(flat.shape(i));
+      check_state_shapes(state, shapes, "scatter_full_state");
       header.copy_(
           at::tensor({1L, state.empty() ? 0L : 1L, state.max_exp_avg_sq.empty() ? 0L : 1L,
                       state.kahan_comp.empty() ? 0L : 1L, state.masters.empty() ? 0L : 1L}));
@@ -221,43 +271,17 @@ void scatter_full_state(ShardedAdamW& shards, const FullOptimizerState& state) {
     group->scatter(outputs, inputs, options)->wait();
   };
 
-  auto& optimizer = shards.optimizer();
+  const auto saved_step = has_state ? step.reshape({}) : at::Tensor();
   for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
-    const auto& p = shards.shard_params()[b];
-    if (shards.has_master(b)) {
-      auto master = p;
-      if (has_masters) {
-        scatter_into(b, &state.masters, master);
-      } else {
-        master.copy_(flat.shard(b));
-      }
-    }
-    optimizer.state().erase(p.unsafeGetTensorImpl());
-    if (!has_state) continue;
-    const auto& options = options_of(shards, b);
-    const auto moments = p.options().dtype(
-        options.fp32_moments() && amp::is_low_precision(p.scalar_type()) ? at::kFloat
-                                                                         : p.scalar_type());
-    auto fresh = std::make_unique<FusedAdamWParamState>();
-    fresh->step(step.reshape({}).clone());
-    auto exp_avg = at::empty_like(p, moments);
-    auto exp_avg_sq = at::empty_like(p, moments);
-    scatter_into(b, &state.exp_avg, exp_avg);
-    scatter_into(b, &state.exp_avg_sq, exp_avg_sq);
-    fresh->exp_avg(exp_avg);
-    fresh->exp_avg_sq(exp_avg_sq);
-    if (options.amsgrad()) {
-      auto max = at::zeros_like(p, moments);
-      if (has_max) scatter_into(b, &state.max_exp_avg_sq, max);
-      fresh->max_exp_avg_sq(max);
-    }
-    if (has_kahan && amp::is_low_precision(p.scalar_type()) &&
-        options.low_precision_update() == optim::LowPrecisionUpdate::kKahan) {
-      auto kahan = at::empty_like(p);
-      scatter_into(b, &state.kahan_comp, kahan);
-      fresh->kahan_comp(kahan);
-    }
-    optimizer.state()[p.unsafeGetTensorImpl()] = std::move(fresh);
+    // Every rank takes part in the same scatters: each kind's presence is rank 0's to say.
+    restore_bucket_state(shards, b, saved_step, [&](Kind kind, at::Tensor& into) {
+      const bool present = kind == Kind::kMaster        ? has_masters
+                           : kind == Kind::kMaxExpAvgSq ? has_max
+                           : kind == Kind::kKahanComp   ? has_kahan
+                                                        : has_state;
+      if (present) scatter_into(b, &field(state, kind), into);
+      return present;
+    });
   }
 }
 
@@ -289,7 +313,9 @@ FullOptimizerState state_of(const optim::FusedAdamW& optimizer,
 
 void put_state(optim::FusedAdamW& optimizer, const std::vector<at::Tensor>& tensors,
                const FullOptimizerState& state) {
-  check_state_shapes(state, tensors, "put_state");
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& t : tensors) shapes.push_back(t.sizes().vec());
+  check_state_shapes(state, shapes, "put_state");
   for (const auto& t : tensors) optimizer.state().erase(t.unsafeGetTensorImpl());
   if (state.empty()) return;
   for (std::size_t i = 0; i < tensors.size(); ++i) {

@@ -4,7 +4,9 @@
 // again on load, for any world size: each rank takes its own range of the flat layout, so a
 // state saved by 2 ranks resumes on 1, 3 or 8.
 
+#include <array>
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +35,28 @@ struct FullOptimizerState {
   /// True before the first step: no moments.
   bool empty() const noexcept { return !step.defined(); }
 };
+
+/// The per-element tensors a shard's optimizer state may hold.
+enum class StateKind { kExpAvg, kExpAvgSq, kMaxExpAvgSq, kKahanComp, kMaster };
+inline constexpr std::array<StateKind, 5> kStateKinds = {
+    StateKind::kExpAvg, StateKind::kExpAvgSq, StateKind::kMaxExpAvgSq, StateKind::kKahanComp,
+    StateKind::kMaster};
+/// Its name in optimizer.pt and in shard files: "exp_avg", ..., "kahan_comp", "master".
+const char* state_kind_name(StateKind kind);
+
+/// This rank's shard of `kind` for bucket `b` (a tensor of the optimizer's or the fp32 master),
+/// undefined where the run keeps none (no step taken yet, no amsgrad, no master).
+at::Tensor local_state_shard(const ShardedAdamW& shards, std::size_t b, StateKind kind);
+/// The 0-d step of bucket `b`'s state, undefined before the first step.
+at::Tensor local_step(const ShardedAdamW& shards, std::size_t b);
+
+/// Replaces bucket `b`'s state on this rank. The master (where the bucket has one) is filled by
+/// `fill(kMaster, master)` or, when that returns false, copied from the model's shard. With
+/// `step` undefined the optimizer state is cleared; else fresh moments are made and `fill`
+/// fills each kind the options keep (exp_avg and exp_avg_sq must be filled; max_exp_avg_sq
+/// stays zero and kahan_comp absent where `fill` returns false). No collective.
+void restore_bucket_state(ShardedAdamW& shards, std::size_t b, const at::Tensor& step,
+                          const std::function<bool(StateKind, at::Tensor&)>& fill);
 
 /// Gathers every rank's shards of the optimizer state (and of the masters) into whole
 /// per-parameter tensors on rank 0, on the parameters' device; the other ranks get an empty

@@ -1,0 +1,401 @@
+// ShardedDataParallel's saved state: the model's state dict gathered unit by unit, loads that
+// write straight into this process's shards, and the checkpoints of both state dict types
+// (FULL_STATE_DICT: rank 0 writes the files an unsharded run writes; SHARDED_STATE_DICT: each
+// process writes its own pieces, sharded/shard_files.h).
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "io/filesystem.h"
+#include "trainer/sharded/shard_files.h"
+#include "trainer/sharded_data_parallel.h"
+
+namespace mantissa::detail {
+
+io::NamedTensors ShardedDataParallel::model_state_dict(const torch::nn::Module& module) const {
+  if (units_ == nullptr) return Strategy::model_state_dict(module);
+  // Unit by unit: no process ever holds more than one unit gathered (plus rank 0's copies).
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> copies;
+  for (std::size_t u = 0; u < units_->size(); ++u) {
+    units_->gather(u);
+    if (should_save()) {
+      for (const auto& p : units_->params(u)) {
+        copies[p.unsafeGetTensorImpl()] = p.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                        /*copy=*/true);
+      }
+    }
+    units_->release(u);
+  }
+  if (!should_save()) return {};
+  auto state = io::module_state_dict(module);
+  for (auto& entry : state) {
+    const auto copy = copies.find(entry.second.unsafeGetTensorImpl());
+    if (copy != copies.end()) entry.second = copy->second;
+  }
+  return state;
+}
+
+void ShardedDataParallel::load_model_state_dict(torch::nn::Module& module,
+                                                const io::NamedTensors& state,
+                                                const std::string& origin) {
+  if (units_ == nullptr) return Strategy::load_model_state_dict(module, state, origin);
+  load_model_from(module, sharded::NamedTensorsSource(state, origin));
+}
+
+void ShardedDataParallel::load_model_file(torch::nn::Module& module, const std::string& path) {
+  if (units_ == nullptr) return Strategy::load_model_file(module, path);
+  load_model_from(module, sharded::SafetensorsSource(path));
+}
+
+std::vector<std::string> ShardedDataParallel::flat_param_names() const {
+  std::unordered_map<const c10::TensorImpl*, std::string> name_of;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  std::vector<std::string> names;
+  for (const auto& p : flat_->params()) names.push_back(name_of.at(p.unsafeGetTensorImpl()));
+  return names;
+}
+
+void ShardedDataParallel::load_model_from(torch::nn::Module& module,
+                                          const sharded::TensorSource& source) {
+  TORCH_CHECK_VALUE(&module == module_, "ShardedDataParallel: a load into another module");
+  const auto origin = source.origin();
+  std::unordered_map<const c10::TensorImpl*, std::size_t> flat_index;
+  for (std::size_t i = 0; i < flat_->params().size(); ++i) {
+    flat_index.emplace(flat_->params()[i].unsafeGetTensorImpl(), i);
+  }
+  // Everything is checked before anything is copied, as load_state_dict(strict=True) does.
+  const auto state = io::module_state_dict(module);
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+  for (const auto& [name, tensor] : state) {
+    expected.insert(name);
+    if (!source.contains(name)) missing.push_back(name);
+  }
+  for (const auto& name : source.names()) {
+    if (expected.count(name) == 0) unexpected.push_back(name);
+  }
+  TORCH_CHECK_VALUE(missing.empty() && unexpected.empty(), "Error(s) in loading state_dict for ",
+                    module.name(), origin, ": Missing key(s) in state_dict: ",
+                    fmt::format("{}", fmt::join(missing, ", ")),
+                    "; Unexpected key(s) in state_dict: ",
+                    fmt::format("{}", fmt::join(unexpected, ", ")));
+  for (const auto& [name, tensor] : state) {
+    const auto flat = flat_index.find(tensor.unsafeGetTensorImpl());
+    const auto shape = flat != flat_index.end() ? flat_->shape(flat->second) : tensor.sizes().vec();
+    TORCH_CHECK_VALUE(source.shape(name) == shape, "size mismatch for ", name,
+                      ": the saved tensor", origin, " has shape ",
+                      c10::IntArrayRef(source.shape(name)), ", the model's has shape ",
+                      c10::IntArrayRef(shape));
+    TORCH_CHECK_VALUE(source.dtype(name) == tensor.scalar_type(), "dtype mismatch for ", name,
+                      ": the saved tensor", origin, " is ", source.dtype(name),
+                      ", the model's is ", tensor.scalar_type());
+  }
+  torch::NoGradGuard no_grad;
+  if (units_ != nullptr) units_->release_all();  // a gathered copy would hide the new values
+  const auto names = flat_param_names();
+  const auto& buckets = flat_->layout().buckets;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    auto shard = flat_->shard(b);
+    for (const auto& slot : buckets[b].slots) {
+      const auto piece = buckets[b].piece(slot, rank());
+      if (!piece) continue;
+      shard.narrow(0, piece->shard_offset, piece->numel)
+          .copy_(source.read(names[slot.param], piece->param_offset, piece->numel));
+    }
+  }
+  for (const auto& [name, tensor] : state) {
+    if (flat_index.count(tensor.unsafeGetTensorImpl()) != 0) continue;
+    auto target = tensor;  // a buffer or a frozen parameter: whole on every process
+    target.copy_(source.read_whole(name));
+  }
+}
+
+void ShardedDataParallel::write_shards(const std::string& folder) const {
+  const auto names = flat_param_names();
+  const auto& buckets = flat_->layout().buckets;
+  std::vector<sharded::TensorPiece> model;
+  std::vector<sharded::TensorPiece> optimizer;
+  at::Tensor step;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    if (!step.defined()) step = sharded::local_step(*shards_, b);
+    std::vector<std::pair<std::string, at::Tensor>> kinds;
+    for (const auto kind : sharded::kStateKinds) {
+      auto local = sharded::local_state_shard(*shards_, b, kind);
+      if (local.defined()) kinds.emplace_back(sharded::state_kind_name(kind), std::move(local));
+    }
+    const auto shard = flat_->shard(b);
+    for (const auto& slot : buckets[b].slots) {
+      const auto piece = buckets[b].piece(slot, rank());
+      if (!piece) continue;
+      const auto& name = names[slot.param];
+      const auto& shape = flat_->shape(slot.param);
+      model.push_back({name, shard.narrow(0, piece->shard_offset, piece->numel), shape,
+                       piece->param_offset});
+      for (const auto& [kind, local] : kinds) {
+        optimizer.push_back({name + "." + kind, local.narrow(0, piece->shard_offset, piece->numel),
+                             shape, piece->param_offset});
+      }
+    }
+  }
+  if (rank() == 0) {
+    // What is whole on every process (the step count, buffers, frozen parameters), once.
+    if (step.defined()) optimizer.push_back({"step", step.reshape({}), {}, 0});
+    std::set<const c10::TensorImpl*> flat;
+    for (const auto& p : flat_->params()) flat.insert(p.unsafeGetTensorImpl());
+    for (const auto& [name, tensor] : io::module_state_dict(*module_)) {
+      if (flat.count(tensor.unsafeGetTensorImpl()) != 0) continue;
+      model.push_back({name, tensor.detach().reshape({-1}), tensor.sizes().vec(), 0});
+    }
+  }
+  sharded::write_shard_file(io::join_path(folder, sharded::kModelShardsFolder), rank(),
+                            world_size(), model);
+  sharded::write_shard_file(io::join_path(folder, sharded::kOptimizerShardsFolder), rank(),
+                            world_size(), optimizer);
+}
+
+namespace {
+
+// Fills `into` (this rank's shard of bucket `b` of one state kind) with the pieces named
+// `<parameter>.<kind>` of `source`; false when the checkpoint holds no such state for the
+// bucket. A kind that some of the bucket's parameters have and others not is an error.
+bool fill_from_pieces(const sharded::TensorSource& source, const sharded::FlatParameters& flat,
+                      const std::vector<std::string>& names, std::size_t b, std::int64_t rank,
+                      const char* kind, at::Tensor& into) {
+  const auto& bucket = flat.layout().buckets[b];
+  const auto key = [&](std::size_t param) { return names[param] + "." + kind; };
+  const bool present = source.contains(key(bucket.slots.front().param));
+  for (const auto& slot : bucket.slots) {
+    TORCH_CHECK(source.contains(key(slot.param)) == present, "the optimizer shards",
+                source.origin(), " hold '", key(present ? bucket.slots.front().param : slot.param),
+                "' but not '", key(present ? slot.param : bucket.slots.front().param),
+                "': parameters updated together must all have it or none");
+    if (!present) continue;
+    TORCH_CHECK(source.shape(key(slot.param)) == flat.shape(slot.param), "the optimizer shards",
+                source.origin(), " hold '", key(slot.param), "' of shape ",
+                c10::IntArrayRef(source.shape(key(slot.param))), ", the parameter has shape ",
+                c10::IntArrayRef(flat.shape(slot.param)));
+    const auto piece = bucket.piece(slot, rank);
+    if (!piece) continue;
+    into.narrow(0, piece->shard_offset, piece->numel)
+        .copy_(source.read(key(slot.param), piece->param_offset, piece->numel));
+  }
+  return present;
+}
+
+}  // namespace
+
+void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only) {
+  const sharded::ShardFolderSource model(io::join_path(dir, sharded::kModelShardsFolder));
+  if (model.world_size() != world_size()) {
+    TORCH_WARN_ONCE("fsdp: resharding the checkpoint '", dir, "', which ", model.world_size(),
+                    " process(es) saved, for ", world_size(),
+                    ": each process reads its elements from their shard files");
+  }
+  load_model_from(*module_, model);
+  const sharded::ShardFolderSource optimizer(io::join_path(dir, sharded::kOptimizerShardsFolder));
+  const auto names = flat_param_names();
+  const auto& buckets = flat_->layout().buckets;
+  torch::NoGradGuard no_grad;
+  if (weights_only) {
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      if (!shards_->has_master(b)) continue;
+      auto master = shards_->shard_params()[b];
+      if (!fill_from_pieces(optimizer, *flat_, names, b, rank(), "master", master)) {
+        master.copy_(flat_->shard(b));
+      }
+    }
+    return;
+  }
+  const auto step = optimizer.contains("step") ? optimizer.read_whole("step") : at::Tensor();
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    sharded::restore_bucket_state(*shards_, b, step,
+                                  [&](sharded::StateKind kind, at::Tensor& into) {
+                                    return fill_from_pieces(optimizer, *flat_, names, b, rank(),
+                                                            sharded::state_kind_name(kind), into);
+                                  });
+  }
+}
+
+std::vector<torch::Tensor> ShardedDataParallel::whole_params(bool stand_ins) const {
+  auto params = module_->parameters();
+  if (!stand_ins) return params;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t i = 0; i < flat_->params().size(); ++i) {
+    index[flat_->params()[i].unsafeGetTensorImpl()] = i;
+  }
+  for (auto& p : params) {
+    const auto found = index.find(p.unsafeGetTensorImpl());
+    if (found == index.end()) continue;  // frozen: whole on every rank
+    p = torch::zeros(flat_->shape(found->second), p.options().requires_grad(false))
+            .requires_grad_(p.requires_grad());
+  }
+  return params;
+}
+
+OptimizerSetup ShardedDataParallel::unsharded_optimizer(
+    const std::vector<torch::Tensor>& params) const {
+  OptimizerSetup whole;
+  if (plan_.weights == WeightsMode::kFp32Masters) {
+    whole.masters = std::make_unique<amp::MasterWeights>(params);
+  }
+  whole.optimizer = make_trainer_optimizer(args(), params, whole.masters.get(),
+                                           plan_.low_precision_update, /*factory=*/{});
+  // The learning rates the schedule has set (the other options are the arguments').
+  auto& groups = whole.optimizer.optimizer->param_groups();
+  const auto& sharded_groups = shards_->optimizer().param_groups();
+  TORCH_INTERNAL_ASSERT(groups.size() == sharded_groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    groups[g].options().set_lr(sharded_groups[g].options().get_lr());
+  }
+  return whole;
+}
+
+std::vector<std::size_t> ShardedDataParallel::module_positions() const {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> position;
+  const auto module_params = module_->parameters();
+  for (std::size_t k = 0; k < module_params.size(); ++k) {
+    position[module_params[k].unsafeGetTensorImpl()] = k;
+  }
+  std::vector<std::size_t> positions;
+  for (const auto& p : flat_->params()) positions.push_back(position.at(p.unsafeGetTensorImpl()));
+  return positions;
+}
+
+std::vector<torch::Tensor> ShardedDataParallel::optimized_tensors(
+    const OptimizerSetup& whole, const std::vector<torch::Tensor>& params) const {
+  // params[k] stands for module_->parameters()[k].
+  std::vector<torch::Tensor> tensors;
+  for (const auto k : module_positions()) {
+    const auto& param = params.at(k);
+    tensors.push_back(whole.masters != nullptr ? whole.masters->master_of(param) : param);
+  }
+  return tensors;
+}
+
+void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
+                                          const CheckpointParts& parts) {
+  if (settings_.sharded_state_dict) {
+    // Rank 0 writes the files of the whole run; every process adds its own shards.
+    CheckpointParts rest = parts;
+    rest.in_shards = true;
+    rest.optimizer = nullptr;
+    rest.masters = nullptr;
+    checkpoint_io().save(
+        output_dir, parts.state->global_step,
+        [&](const std::string& folder) { write_checkpoint_files(folder, rest, {}); },
+        [&](const std::string& folder) { write_shards(folder); });
+    return;
+  }
+  auto full = sharded::gather_full_state(*shards_);
+  OptimizerSetup whole;
+  const bool built = passed_everywhere([&] {
+    if (rank() != 0) return;
+    // Full sharding: the files keep no weights of the optimizer's tensors (model.safetensors
+    // is gathered unit by unit, the masters come from their shards), so rank 0 builds the
+    // unsharded optimizer over zero stand-ins instead of gathering the model.
+    const auto params = whole_params(/*stand_ins=*/this->full());
+    whole = unsharded_optimizer(params);
+    const auto tensors = optimized_tensors(whole, params);
+    if (whole.masters != nullptr) {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (full.masters.empty() || !full.masters[i].defined()) continue;
+        tensors[i].copy_(full.masters[i]);
+      }
+    }
+    if (!full.empty()) sharded::put_state(*whole.optimizer.fused, tensors, full);
+  });
+  TORCH_CHECK(built, "rank ", rank(), ": saving ", checkpoint_name(parts.state->global_step),
+              " failed while rank 0 put the optimizer state together (see its error)");
+  full = {};  // rank 0: the state now lives in `whole` alone
+  CheckpointParts unsharded = parts;
+  unsharded.optimizer = whole.optimizer.optimizer.get();
+  unsharded.masters = whole.masters.get();
+  Strategy::save_checkpoint(output_dir, unsharded);
+}
+
+void ShardedDataParallel::load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
+  const auto through_strategy = loading_through_strategy(parts);
+  if (sharded::is_sharded_checkpoint(dir)) {
+    checkpoint_io().load(dir, [&] {
+      CheckpointParts here = through_strategy;
+      here.in_shards = true;
+      here.optimizer = nullptr;
+      here.masters = nullptr;
+      detail::load_checkpoint(dir, here);
+      load_shards(dir, /*weights_only=*/false);
+    });
+    if (!full()) shards_->all_gather_params();
+  } else {
+    load_full_checkpoint(dir, through_strategy);
+  }
+  // The learning rates the checkpoint's schedule had set, as optimizer.pt restores them.
+  const auto lrs = parts.scheduler->get_last_lr();
+  auto& groups = shards_->optimizer().param_groups();
+  for (std::size_t g = 0; g < groups.size() && g < lrs.size(); ++g) {
+    groups[g].options().set_lr(lrs[g]);
+  }
+}
+
+void ShardedDataParallel::load_full_checkpoint(const std::string& dir,
+                                               const CheckpointParts& through_strategy) {
+  // Every process reads its elements of model.safetensors (load_model_file); rank 0 reads
+  // optimizer.pt (and master_weights.pt) into an unsharded optimizer, over zero stand-ins
+  // under full sharding, and cuts it into this run's shards.
+  OptimizerSetup whole;
+  std::vector<torch::Tensor> params;
+  checkpoint_io().load(
+      dir,
+      [&] {
+        CheckpointParts here = through_strategy;
+        here.optimizer = nullptr;
+        here.masters = nullptr;
+        if (rank() == 0) {
+          params = whole_params(/*stand_ins=*/full());
+          whole = unsharded_optimizer(params);
+          here.optimizer = whole.optimizer.optimizer.get();
+          here.masters = whole.masters.get();
+        }
+        detail::load_checkpoint(dir, here);
+      },
+      /*whose_error=*/"rank 0's");
+  sharded::FullOptimizerState state;
+  if (rank() == 0) {
+    const auto tensors = optimized_tensors(whole, params);
+    state = sharded::state_of(*whole.optimizer.fused, tensors);
+    if (whole.masters != nullptr) {
+      const auto positions = module_positions();
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const bool own_master = tensors[i].is_same(params.at(positions[i]));
+        state.masters.push_back(own_master ? torch::Tensor() : tensors[i]);
+      }
+    }
+  }
+  whole = {};
+  params.clear();
+  sharded::scatter_full_state(*shards_, state);
+}
+
+void ShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module,
+                                                  const std::string& dir,
+                                                  amp::MasterWeights* masters) {
+  TORCH_INTERNAL_ASSERT(masters == nullptr, "ShardedDataParallel keeps the masters itself");
+  checkpoint_io().load(dir, [&] {
+    if (sharded::is_sharded_checkpoint(dir)) {
+      load_shards(dir, /*weights_only=*/true);
+    } else {
+      Strategy::load_checkpoint_weights(module, dir, nullptr);
+      // model.safetensors holds the rounded weights; FULL_STATE_DICT's master_weights.pt is
+      // rank 0's whole file, so the masters follow the weights.
+      shards_->copy_model_to_masters();
+    }
+  });
+  if (!full()) shards_->all_gather_params();
+}
+
+}  // namespace mantissa::detail
