@@ -385,6 +385,32 @@ int run_check(const std::string& scenario, Launch l) {
   } else if (scenario == "full_pure_bf16") {
     ok = check_against_ddp(
         l, {"--model_dtype", "bf16", "--bf16", "--master_weights", "off"}, 1e-4, 3e-2, false);
+  } else if (scenario == "full_pure_bf16_stochastic_rounding") {
+    // The random bits are keyed by tensor and element, which differ between a shard and a
+    // whole parameter: the same distribution of roundings, not the same draws, so the weights
+    // agree with DDP's to a few bf16 spacings (8 steps of independent roundings), and differ
+    // from a run that rounds to nearest (the rule took effect on the shards).
+    const std::vector<std::string> pure{"--model_dtype", "bf16", "--bf16", "--master_weights",
+                                        "off", "--low_precision_update"};
+    ok = check_against_ddp(l, pure + std::vector<std::string>{"stochastic_rounding"}, 1e-4, 8e-2,
+                           false);
+    const auto stochastic = load_results(l.dir + "/fsdp.st.rank0");
+    const auto status = run_ranks(
+        l, 2,
+        common_flags(l.dir + "/out-nearest") + g_mode.model + kSharded + pure +
+            std::vector<std::string>{"nearest", "--eval", "101", "--per_device_train_batch_size",
+                                     "32", "--max_grad_norm", "1.0", "--results",
+                                     l.dir + "/nearest.st"},
+        l.dir + "/nearest");
+    ok &= all_zero(status);
+    if (all_zero(status)) {
+      const auto nearest = load_results(l.dir + "/nearest.st.rank0");
+      const bool differs = !at::equal(stochastic.at("final.blocks.0.fc.weight"),
+                                      nearest.at("final.blocks.0.fc.weight"));
+      std::cout << "stochastic rounding vs nearest, sharded: block 0's weight "
+                << (differs ? "differs" : "IS THE SAME") << std::endl;
+      ok &= differs;
+    }
   } else if (scenario == "full_fp16_loss_scaling") {
     ok = check_against_ddp(l, {"--fp16", "--initial_scale_power", "24", "--max_steps", "12"},
                            1e-4, 1e-4, false);

@@ -52,9 +52,12 @@ def check(output_dir, eval_ids, block_size, max_eval):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(input_ids=blocks, labels=blocks).loss.item()
     diff = abs(loss - results["eval_loss"])
+    # Under bf16 autocast the two models round to bf16 at slightly different points; in fp32
+    # they agree to the last digits.
+    bound = 1e-4 if bf16 else 1e-5
     print(f"from_pretrained({output_dir}): {type(model).__name__}, eval loss {loss:.6f}; "
-          f"eval_results.json {results['eval_loss']:.6f}; |diff| {diff:.3e}")
-    ok = diff <= 1e-5 and results["eval_samples"] == blocks.shape[0]
+          f"eval_results.json {results['eval_loss']:.6f}; |diff| {diff:.3e} (bound {bound:.0e})")
+    ok = diff <= bound and results["eval_samples"] == blocks.shape[0]
     ok = ok and math.isclose(results["perplexity"], math.exp(results["eval_loss"]), rel_tol=1e-9)
     checkpoints = sorted(glob.glob(os.path.join(output_dir, "checkpoint-*")))
     for checkpoint in checkpoints:
