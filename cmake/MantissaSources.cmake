@@ -136,6 +136,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/data_parallel.cpp
   src/trainer/sharded_data_parallel.cpp
   src/trainer/sharded_data_parallel_state.cpp
+  src/trainer/sharded_data_parallel_shards.cpp
   src/trainer/single_process.cpp
   src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp
