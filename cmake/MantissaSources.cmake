@@ -155,6 +155,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/training_loop.cpp
   src/trainer/trainer_impl.cpp
   src/trainer/trainer_prepare.cpp
+  src/trainer/model_converters.cpp
   src/trainer/trainer_train.cpp
   src/trainer/trainer.cpp
   src/distributed/environment.cpp

@@ -566,6 +566,70 @@ TEST(CheckpointTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_EQ(resumed.state().global_step, 8);
 }
 
+// A piece of state a run registers (trainer/saved_state.h), as a model converter does: a
+// number kept in a text file of its own.
+mantissa::detail::SavedState counter_piece(int& value, int* missing_calls = nullptr) {
+  mantissa::detail::SavedState piece;
+  piece.file = "counter.txt";
+  piece.save = [&value](const std::string& path) {
+    mantissa::io::write_file_atomically(path, std::to_string(value));
+  };
+  piece.load = [&value](const std::string& path) {
+    const auto bytes = mantissa::io::read_file(path);
+    value = std::stoi(std::string(bytes.begin(), bytes.end()));
+  };
+  if (missing_calls != nullptr) {
+    piece.load_missing = [missing_calls](const std::string&) { ++*missing_calls; };
+  }
+  return piece;
+}
+
+TEST(CheckpointTest, ARegisteredPieceIsWrittenAndReadBesideTheOthersInOneOrder) {
+  const auto run = saved_run();
+  auto model = make_toy_model();
+  Trainer trainer(model, run.args, ToyDataset(100));
+  auto state = trainer.state();
+  state.global_step = 8;
+  mantissa::amp::GradScaler scaler(mantissa::amp::GradScalerOptions().enabled(false));
+  int saved_value = 42;
+  const mantissa::detail::SavedStates pieces{counter_piece(saved_value)};
+  mantissa::detail::CheckpointParts parts;
+  parts.model = model.ptr().get();
+  parts.optimizer = &trainer.optimizer();
+  parts.scheduler = &trainer.lr_scheduler();
+  parts.scaler = &scaler;
+  parts.state = &state;
+  parts.args = &run.args;
+  parts.saved_states = &pieces;
+  mantissa::detail::FileFaults faults;
+  std::vector<std::string> written;
+  faults.before_write = [&](const std::string& path) {
+    written.push_back(path.substr(path.rfind('/') + 1));
+  };
+  const auto folder = mantissa::detail::save_checkpoint(run.dir, parts, faults);
+  EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt",
+                                               "scheduler.pt", "scaler.pt", "counter.txt",
+                                               "trainer_state.json", "training_args.json",
+                                               "rng_state.pth"}));
+
+  // Read back into another value; without the file, the piece decides.
+  int loaded_value = 0;
+  int missing_calls = 0;
+  const mantissa::detail::SavedStates readers{counter_piece(loaded_value, &missing_calls)};
+  parts.saved_states = &readers;
+  mantissa::detail::load_checkpoint(folder, parts);
+  EXPECT_EQ(loaded_value, 42);
+  EXPECT_EQ(missing_calls, 0);
+  ASSERT_EQ(::unlink((folder + "/counter.txt").c_str()), 0);
+  mantissa::detail::load_checkpoint(folder, parts);
+  EXPECT_EQ(missing_calls, 1);
+  // A piece that does not say what a missing file means refuses the checkpoint, naming it.
+  const mantissa::detail::SavedStates strict{counter_piece(loaded_value)};
+  parts.saved_states = &strict;
+  EXPECT_THAT([&] { mantissa::detail::load_checkpoint(folder, parts); },
+              ThrowsMessage<c10::Error>(HasSubstr("counter.txt' is missing")));
+}
+
 // SGD under another name: a class the checkpoint's table of optimizers lacks.
 class UnlistedOptimizer : public torch::optim::SGD {
  public:

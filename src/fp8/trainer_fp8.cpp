@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "io/atomic_file.h"
 #include "io/filesystem.h"
 #include "io/torch_load.h"
 #include "io/torch_save.h"
@@ -49,9 +50,9 @@ void load_missing(const std::string& dir) {
 detail::SavedState fp8_saved_state(Float8ScalingState& state) {
   detail::SavedState entry;
   entry.file = kFile;
-  entry.save = [&state] {
+  entry.save = [&state](const std::string& path) {
     const auto bytes = io::torch_save_bytes(state_value(state));
-    return std::string(bytes.data(), bytes.size());
+    io::write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
   };
   entry.load = [&state](const std::string& path) { restore(io::load_torch_file(path), state); };
   entry.load_missing = load_missing;
@@ -77,6 +78,15 @@ Float8Conversion convert_for_trainer(torch::nn::Module& module, const Float8Reci
                                  "are multiples of 16",
                     "; declare such layers as Float8Linear (docs/fp8.md), or train without --fp8");
   return conversion;
+}
+
+detail::SavedStates TrainerFloat8Converter::convert(torch::nn::Module& module,
+                                                    PrecisionPlan& plan) {
+  auto conversion = convert_for_trainer(module, recipe_, filter_);
+  plan.fp8_layers = conversion.describe();
+  state_ = std::move(conversion.state);
+  if (!state_) return {};
+  return {fp8_saved_state(*state_)};
 }
 
 }  // namespace mantissa::fp8

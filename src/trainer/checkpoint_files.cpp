@@ -28,14 +28,6 @@ void write_text(const std::string& path, const std::string& text, const FileFaul
   io::write_file_atomically(path, text);
 }
 
-void write_archive(const std::string& path, torch::serialize::OutputArchive& archive,
-                   const FileFaults& faults) {
-  faults.writing(path);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  io::write_file_atomically(path, bytes.str());
-}
-
 // Runs `load`, re-raising any error with the file's name in front and without the inner
 // error's C++ backtrace (the outer error carries its own). A value error stays a value error.
 template <typename Fn>
@@ -102,17 +94,87 @@ std::string rng_state_name(std::int64_t process_index, std::int64_t num_processe
                            : std::string("rng_state.pth");
 }
 
-void load_masters(const std::string& path, amp::MasterWeights& masters) {
-  loading(path, [&] {
-    torch::serialize::InputArchive archive;
-    io::load_torch_archive(path, archive);
-    masters.load(archive);
-  });
+void read_masters(const std::string& path, amp::MasterWeights& masters) {
+  torch::serialize::InputArchive archive;
+  io::load_torch_archive(path, archive);
+  masters.load(archive);
 }
 
-const SavedStates& saved_states_of(const CheckpointParts& parts) {
-  static const SavedStates kNone;
-  return parts.saved_states != nullptr ? *parts.saved_states : kNone;
+// Writes `archive` at `path` atomically.
+void save_archive(const std::string& path, torch::serialize::OutputArchive& archive) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  io::write_file_atomically(path, bytes.str());
+}
+
+SavedState optimizer_piece(torch::optim::Optimizer& optimizer) {
+  SavedState piece;
+  piece.file = "optimizer.pt";
+  piece.save = [&optimizer](const std::string& path) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    save_archive(path, archive);
+  };
+  piece.load = [&optimizer](const std::string& path) {
+    torch::serialize::InputArchive archive;
+    io::load_torch_archive(path, archive);
+    check_optimizer_family(optimizer, archive);
+    optimizer.load(archive);
+    check_optimizer_state(optimizer);
+  };
+  return piece;
+}
+
+SavedState scheduler_piece(LrScheduler& scheduler) {
+  SavedState piece;
+  piece.file = "scheduler.pt";
+  piece.save = [&scheduler](const std::string& path) { scheduler.save(path); };
+  piece.load = [&scheduler](const std::string& path) { scheduler.load(path); };
+  return piece;
+}
+
+// Written always (HF does too); read only when this run scales its loss.
+SavedState scaler_piece(amp::GradScaler& scaler) {
+  SavedState piece;
+  piece.file = "scaler.pt";
+  piece.save = [&scaler](const std::string& path) { scaler.save(path); };
+  piece.load = [&scaler](const std::string& path) {
+    if (scaler.is_enabled()) scaler.load(path);
+  };
+  return piece;
+}
+
+SavedState masters_piece(amp::MasterWeights& masters) {
+  SavedState piece;
+  piece.file = "master_weights.pt";
+  piece.save = [&masters](const std::string& path) {
+    torch::serialize::OutputArchive archive;
+    masters.save(archive);
+    save_archive(path, archive);
+  };
+  piece.load = [&masters](const std::string& path) { read_masters(path, masters); };
+  return piece;
+}
+
+// Every piece of training state a checkpoint of `parts` holds in a file of its own, in the
+// order they are written and read: the optimizer, the LR scheduler, the loss scaler, the fp32
+// masters, then the run's registered pieces. The optimizer and the masters are left out where
+// the strategy keeps them in shard files, and the optimizer where `parts` has none (loading on
+// a process that does not read it).
+SavedStates checkpoint_pieces(const CheckpointParts& parts) {
+  SavedStates pieces;
+  if (parts.optimizer != nullptr && !parts.in_shards) {
+    pieces.push_back(optimizer_piece(*parts.optimizer));
+  }
+  pieces.push_back(scheduler_piece(*parts.scheduler));
+  pieces.push_back(scaler_piece(*parts.scaler));
+  if (parts.masters != nullptr && !parts.in_shards) {
+    pieces.push_back(masters_piece(*parts.masters));
+  }
+  if (parts.saved_states != nullptr) {
+    pieces.insert(pieces.end(), parts.saved_states->begin(), parts.saved_states->end());
+  }
+  return pieces;
 }
 
 // Reads model.safetensors at `path` into the model: through `load_model_file` when given, else
@@ -136,23 +198,11 @@ void write_checkpoint_files(const std::string& folder, const CheckpointParts& pa
     optimizer_state_kind(*parts.optimizer);
     faults.writing(file("model.safetensors"));
     io::save_safetensors(file("model.safetensors"), model_state, {{"format", "pt"}});
-    torch::serialize::OutputArchive archive;
-    parts.optimizer->save(archive);
-    write_archive(file("optimizer.pt"), archive, faults);
   }
-  faults.writing(file("scheduler.pt"));
-  parts.scheduler->save(file("scheduler.pt"));
-  faults.writing(file("scaler.pt"));
-  parts.scaler->save(file("scaler.pt"));
-  if (parts.masters != nullptr && !parts.in_shards) {
-    torch::serialize::OutputArchive archive;
-    parts.masters->save(archive);
-    write_archive(file("master_weights.pt"), archive, faults);
-  }
-  for (const auto& piece : saved_states_of(parts)) {
-    const auto bytes = piece.save();
-    faults.writing(io::join_path(folder, piece.file));
-    io::write_file_atomically(io::join_path(folder, piece.file), bytes);
+  for (const auto& piece : checkpoint_pieces(parts)) {
+    const auto path = io::join_path(folder, piece.file);
+    faults.writing(path);
+    piece.save(path);
   }
   write_text(file("trainer_state.json"), parts.state->to_json(), faults);
   write_text(file("training_args.json"), parts.args->to_json(), faults);
@@ -232,24 +282,9 @@ void load_checkpoint(const std::string& dir, const CheckpointParts& parts) {
       read_model_file(file("model.safetensors"), parts.load_model_file, *parts.model);
     });
   }
-  if (parts.masters != nullptr && !parts.in_shards) {
-    load_masters(file("master_weights.pt"), *parts.masters);
-  }
-  if (parts.optimizer != nullptr && !parts.in_shards)
-    loading(file("optimizer.pt"), [&] {
-      torch::serialize::InputArchive archive;
-      io::load_torch_archive(file("optimizer.pt"), archive);
-      check_optimizer_family(*parts.optimizer, archive);
-      parts.optimizer->load(archive);
-      check_optimizer_state(*parts.optimizer);
-    });
-  loading(file("scheduler.pt"), [&] { parts.scheduler->load(file("scheduler.pt")); });
-  loading(file("scaler.pt"), [&] {
-    if (parts.scaler->is_enabled()) parts.scaler->load(file("scaler.pt"));
-  });
-  for (const auto& piece : saved_states_of(parts)) {
+  for (const auto& piece : checkpoint_pieces(parts)) {
     const auto path = io::join_path(dir, piece.file);
-    if (io::path_exists(path)) {
+    if (io::path_exists(path) || !piece.load_missing) {
       loading(path, [&] { piece.load(path); });
     } else {
       piece.load_missing(dir);
@@ -285,7 +320,7 @@ void load_checkpoint_weights(const std::string& dir, const ModelFileLoader& load
     masters->copy_model_to_masters();
     return;
   }
-  load_masters(file("master_weights.pt"), *masters);
+  loading(file("master_weights.pt"), [&] { read_masters(file("master_weights.pt"), *masters); });
 }
 
 std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& dir) {

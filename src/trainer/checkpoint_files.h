@@ -73,8 +73,10 @@ struct CheckpointParts {
   std::int64_t num_processes = 1;
 };
 
-/// Writes `model_state` (the model's full state, from the strategy) as model.safetensors and
-/// everything else of `parts` into `folder` except the random state. A c10::ValueError naming
+/// Writes `model_state` (the model's full state, from the strategy) as model.safetensors, then
+/// each piece of state (optimizer, scheduler, scaler, masters, the registered `saved_states`,
+/// saved_state.h's entries walked in that order), then trainer_state.json and
+/// training_args.json into `folder`; not the random state. A c10::ValueError naming
 /// the optimizer's class, before any file is written, when optimizer.pt could not be checked on
 /// loading (optimizer_state_table.h). `faults.before_write` sees each path first. Python: HF's
 /// `Trainer._save_checkpoint` less the folder handling. Syncs (copies tensors to the host).
@@ -105,8 +107,11 @@ std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
 
 /// Restores everything from a checkpoint folder; a null `parts.optimizer` leaves optimizer.pt
 /// unread (a sharded run reads it on rank 0 alone). A missing or corrupt file raises a
-/// c10::Error naming the file. Each registered piece of `saved_states` loads its file, or
-/// decides what a checkpoint without it means (`SavedState::load_missing`). The random state comes from the file `rng_state_to_restore` names: a process the
+/// c10::Error naming the file. The trainer state comes first (`check_state`), then the model,
+/// then each piece of state in the order they are written (optimizer, scheduler, scaler,
+/// masters, the registered `saved_states`); a piece whose file is missing decides what that
+/// means when it says (`SavedState::load_missing`). The random state comes from the file
+/// `rng_state_to_restore` names: a process the
 /// saving run did not have starts afresh with a warning; one that it had and whose file is
 /// missing is an error. Python: HF's `_load_from_checkpoint` + `_load_optimizer_and_scheduler`
 /// + `_load_rng_state`. Syncs.

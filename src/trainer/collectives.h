@@ -31,13 +31,14 @@ inline constexpr const char* kFailureMark = "Another process of the job";
 /// The job's process group, where this process sits in it, and the collectives over it.
 class Collectives {
  public:
-  /// Joins the job the launcher's variables describe when they describe more than one process
-  /// (`WORLD_SIZE` > 1); returns null for a lone process. The backend is
+  /// Joins the job `env` (the launcher's variables) describes when it has more than one
+  /// process (`WORLD_SIZE` > 1); returns null for a lone process. The backend is
   /// `args.resolved_ddp_backend(device)`; nccl needs a CUDA `device`, which becomes this
   /// process's current device. A process joins once: later Trainers share the group (as
   /// Python's default process group), and asking for another backend then is an error.
   /// Python: what accelerate does for HF's `TrainingArguments`.
-  static std::shared_ptr<Collectives> join_if_launched(const TrainingArguments& args,
+  static std::shared_ptr<Collectives> join_if_launched(distributed::DistributedEnvironment env,
+                                                       const TrainingArguments& args,
                                                        const c10::Device& device);
 
   Collectives(distributed::DistributedEnvironment env, distributed::Backend backend,

@@ -33,9 +33,9 @@ class EagerEngine final : public StepEngine {
   /// locally, as under DDP's `no_sync()`. No sync with the device.
   void forward_backward(const Batch& batch, std::int64_t in_group, bool sync_gradients = true);
 
-  /// The device half of the update at an accumulation boundary, ending with the FP8 scales'
-  /// update (delayed recipe: the amaxes all-reduced (max) across the processes, then
-  /// `update_()`). No sync, so it can be captured in a CUDA graph, where the host-side
+  /// The device half of the update at an accumulation boundary, ending with each registered
+  /// piece of state's `after_optimizer_step` (saved_state.h; a collective where it
+  /// communicates). No sync, so it can be captured in a CUDA graph, where the host-side
   /// `on_pre_optimizer_step` does not belong: `with_callbacks` false then.
   void update_on_device(bool with_callbacks);
 

@@ -84,7 +84,9 @@ torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params
 }
 
 std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device) {
-  if (auto collectives = Collectives::join_if_launched(args, device)) {
+  // The launcher's variables are read here and nowhere else in the Trainer.
+  auto env = distributed::DistributedEnvironment::from_env();
+  if (auto collectives = Collectives::join_if_launched(std::move(env), args, device)) {
     const auto fsdp = read_fsdp_settings(args.fsdp(), args.fsdp_config());
     if (fsdp.enabled) {
       return std::make_unique<ShardedDataParallel>(std::move(collectives), args, fsdp);

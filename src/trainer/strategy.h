@@ -123,7 +123,8 @@ class Strategy {
   /// names it in the error.
   virtual void check_same_text(const std::string& value, const std::string& what) const = 0;
   /// Replaces each element of `tensor` (dense, contiguous), in place, by its maximum over the
-  /// processes: one collective (the FP8 amaxes of a step, docs/fp8.md). Alone: nothing.
+  /// processes: one collective (what a saved-state piece agrees on after a step, such as
+  /// amaxes). Alone: nothing.
   /// Python: `torch.distributed.all_reduce(tensor, op=ReduceOp.MAX)`. Waits for it: on NCCL
   /// that orders the current stream and does not block the host; on Gloo it blocks.
   virtual void max_all_reduce_(torch::Tensor& tensor) const = 0;

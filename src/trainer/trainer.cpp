@@ -2,6 +2,7 @@
 // owns the pieces and wires them together.
 #include <mantissa/trainer.h>
 
+#include "fp8/trainer_fp8.h"
 #include "trainer/trainer_impl.h"
 
 namespace mantissa {
@@ -62,7 +63,10 @@ Trainer& Trainer::set_float8_filter(fp8::Float8Filter filter) {
                     "set_float8_filter must be called before the model is converted (before "
                     "the first train() or evaluate())");
   TORCH_CHECK_VALUE(static_cast<bool>(filter), "set_float8_filter: the filter is empty");
-  impl_->hooks().float8_filter = std::move(filter);
+  // Without --fp8 there is nothing to filter.
+  if (auto* fp8 = impl_->model_converter<fp8::TrainerFloat8Converter>()) {
+    fp8->set_filter(std::move(filter));
+  }
   return *this;
 }
 Trainer& Trainer::set_lr_scheduler_factory(SchedulerFactory factory) {
@@ -113,7 +117,8 @@ LrScheduler& Trainer::lr_scheduler() {
   return impl_->lr_scheduler();
 }
 const fp8::Float8ScalingState* Trainer::fp8_scaling_state() const {
-  return impl_->fp8_scaling_state();
+  const auto* fp8 = impl_->model_converter<fp8::TrainerFloat8Converter>();
+  return fp8 != nullptr ? fp8->scaling_state() : nullptr;
 }
 
 }  // namespace mantissa

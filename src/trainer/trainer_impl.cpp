@@ -34,6 +34,7 @@ Trainer::Impl::Impl(std::shared_ptr<torch::nn::Module> module, ForwardFn forward
   strategy_ = detail::make_strategy(args_, device_);
   mark_process(state_);
   plan_ = detail::make_precision_plan(args_, detail::floating_param_dtype(*module_));
+  converters_ = detail::make_model_converters(plan_);
   intervals_ = detail::make_interval_policy(args_);
   // trainer_log.jsonl is written first, on the processes that save; report_to's callbacks come
   // next, before those the user adds, as in HF.

@@ -11,7 +11,6 @@
 
 #include <mantissa/amp/grad_scaler.h>
 #include <mantissa/amp/master_weights.h>
-#include <mantissa/fp8/convert.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/trainer.h>
 
@@ -20,6 +19,7 @@
 #include "trainer/evaluation.h"
 #include "trainer/interval_policy.h"
 #include "trainer/metrics_log.h"
+#include "trainer/model_converter.h"
 #include "trainer/optimizer_factory.h"
 #include "trainer/progress.h"
 #include "trainer/run_schedule.h"
@@ -35,7 +35,6 @@ struct UserHooks {
   MetricsFn compute_metrics;             ///< set_compute_metrics
   PreprocessLogitsFn preprocess_logits;  ///< set_preprocess_logits_for_metrics
   OptimizerFactory optimizer_factory;    ///< set_optimizer_factory; empty: args.optim
-  fp8::Float8Filter float8_filter;       ///< set_float8_filter; empty: the default filter
   SchedulerFactory scheduler_factory;    ///< set_lr_scheduler_factory; empty: args'
 };
 
@@ -48,9 +47,7 @@ struct TrainingObjects {
   std::unique_ptr<LrScheduler> scheduler;       ///< set last: non-null means prepared
   /// Disabled until prepare() configures it from the plan (loss scaling for fp16).
   amp::GradScaler scaler{amp::GradScalerOptions().enabled(false)};
-  /// With `--fp8`: what converting the model did, and the delayed recipe's state.
-  std::optional<fp8::Float8Conversion> fp8;
-  /// The pieces of state with files of their own in checkpoints (the delayed FP8 scales),
+  /// The pieces of state with files of their own in checkpoints (the model converters'),
   /// registered as prepare() creates them.
   detail::SavedStates saved_states;
 };
@@ -98,9 +95,11 @@ class Trainer::Impl {
   torch::optim::Optimizer& optimizer() { return *objects_.optimizer.optimizer; }
   /// After `prepare()`.
   LrScheduler& lr_scheduler() { return *objects_.scheduler; }
-  /// The delayed FP8 recipe's state after `prepare()`; null without it.
-  const fp8::Float8ScalingState* fp8_scaling_state() const noexcept {
-    return objects_.fp8 ? objects_.fp8->state.get() : nullptr;
+  /// The model converter of type `T` the plan asked for, or null; set up before `prepare()`,
+  /// its state read after.
+  template <typename T>
+  T* model_converter() const {
+    return detail::find_model_converter<T>(converters_);
   }
 
  private:
@@ -110,9 +109,6 @@ class Trainer::Impl {
   /// `overwrite_output_dir`; checked by the processes that write, agreed by all. Python: the
   /// same check in `Trainer.train`.
   void check_output_dir(bool resuming) const;
-  /// `--fp8`: switches the model's `Float8Linear` layers to FP8 (on the training device) and
-  /// records which in the plan. Throws `c10::ValueError` when no layer can run in FP8.
-  void convert_to_fp8();
   // --gradient_checkpointing: model.gradient_checkpointing_enable(), or an error naming the flag.
   void enable_gradient_checkpointing();
   /// A fresh TrainerState for this run: its sizes and intervals, step 0.
@@ -168,6 +164,8 @@ class Trainer::Impl {
   c10::Device device_;                          ///< where the model trains (`args.device()`)
   std::unique_ptr<detail::Strategy> strategy_;  ///< what spans processes; chosen once
   PrecisionPlan plan_;                          ///< decided at construction
+  /// What the plan converts in the model (prepare() runs them); made at construction.
+  std::vector<std::unique_ptr<detail::ModelConverter>> converters_;
   detail::IntervalPolicy intervals_;            ///< the strategies, parsed at construction
   UserHooks hooks_;
 

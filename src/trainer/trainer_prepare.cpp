@@ -1,11 +1,10 @@
 // Trainer::Impl::prepare(): the objects an update needs, made once from the model and the
-// arguments (the model cast, moved and handed to the strategy; FP8 and gradient checkpointing
-// switched on; scaler, masters, optimizer and scheduler).
+// arguments (the model cast, moved, converted and handed to the strategy; gradient
+// checkpointing switched on; scaler, masters, optimizer and scheduler).
 #include <limits>
 
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
-#include "fp8/trainer_fp8.h"
 #include "trainer/precision_plan.h"
 #include "trainer/trainer_impl.h"
 #include "training_arguments/fsdp_checks.h"
@@ -21,7 +20,12 @@ void Trainer::Impl::prepare() {
       args_);
   if (plan_.param_dtype != detail::floating_param_dtype(*module_)) module_->to(plan_.param_dtype);
   module_->to(device_);
-  if (plan_.fp8) convert_to_fp8();  // on the device, so the scaling state is made there
+  // On the device, so that the converters' state is made there.
+  for (auto& converter : converters_) {
+    for (auto& piece : converter->convert(*module_, plan_)) {
+      objects_.saved_states.push_back(std::move(piece));
+    }
+  }
   // fsdp_config's activation_checkpointing is the same recompute, asked through FSDP.
   const auto fsdp = detail::read_fsdp_settings(args_.fsdp(), args_.fsdp_config());
   if (args_.gradient_checkpointing() || (fsdp.enabled && fsdp.activation_checkpointing)) {
@@ -66,15 +70,6 @@ void Trainer::Impl::prepare() {
   TORCH_CHECK_VALUE(scheduler != nullptr, "the scheduler factory returned null");
   o.scheduler = std::move(scheduler);  // last: it marks the Trainer prepared
   update_callback_context();
-}
-
-void Trainer::Impl::convert_to_fp8() {
-  auto conversion = fp8::convert_for_trainer(*module_, *plan_.fp8, hooks_.float8_filter);
-  plan_.fp8_layers = conversion.describe();
-  objects_.fp8 = std::move(conversion);
-  if (objects_.fp8->state) {
-    objects_.saved_states.push_back(fp8::fp8_saved_state(*objects_.fp8->state));
-  }
 }
 
 void Trainer::Impl::enable_gradient_checkpointing() {
