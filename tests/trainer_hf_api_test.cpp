@@ -14,6 +14,7 @@
 
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
+#include <mantissa/nn/pretrained_config.h>
 #include <mantissa/trainer.h>
 
 #include "io/atomic_file.h"
@@ -425,6 +426,45 @@ TEST(TrainerHfApiTest, ContextOutsideAnEventThrows) {
   Peeker peeker;
   EXPECT_THAT([&] { peeker.peek(); },
               ThrowsMessage<c10::Error>(HasSubstr("only available inside an event")));
+}
+
+}  // namespace
+
+namespace {
+
+// The toy MLP as a model that knows its config.json.
+struct ConfiguredMlpImpl : mantissa_test::ToyMlpImpl, mantissa::nn::HasPretrainedConfig {
+  std::string pretrained_config_json(c10::ScalarType dtype) const override {
+    return nlohmann::json{{"model_type", "toy_mlp"}, {"dtype", c10::toString(dtype)}}.dump();
+  }
+};
+TORCH_MODULE(ConfiguredMlp);
+
+TEST(TrainerHfApiTest, SaveModelAndCheckpointsWriteTheConfigOfAModelThatHasOne) {
+  const auto dir = mantissa_test::toy_output_dir();
+  torch::manual_seed(1);
+  ConfiguredMlp model;
+  model->to(torch::kBFloat16);
+  Trainer trainer(model,
+                  mantissa_test::toy_args(dir).max_steps(2).save_strategy("steps").save_steps(2),
+                  mantissa_test::ToyDataset(100));
+  trainer.train();
+  trainer.save_model(dir + "/final");
+  for (const auto& folder : {dir + "/final", dir + "/checkpoint-2"}) {
+    ASSERT_TRUE(mantissa::io::path_exists(folder + "/config.json")) << folder;
+    const auto config = nlohmann::json::parse(read_text(folder + "/config.json"));
+    EXPECT_EQ(config.at("model_type"), "toy_mlp") << folder;
+    EXPECT_EQ(config.at("dtype"), "BFloat16") << folder << ": the weights' dtype";
+    EXPECT_TRUE(mantissa::io::path_exists(folder + "/model.safetensors")) << folder;
+  }
+  // A model without one gets none.
+  const auto plain_dir = mantissa_test::toy_output_dir();
+  Trainer plain(mantissa_test::make_toy_model(), mantissa_test::toy_args(plain_dir).max_steps(1),
+                mantissa_test::ToyDataset(100));
+  plain.train();
+  plain.save_model(plain_dir + "/final");
+  EXPECT_TRUE(mantissa::io::path_exists(plain_dir + "/final/model.safetensors"));
+  EXPECT_FALSE(mantissa::io::path_exists(plain_dir + "/final/config.json"));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <mantissa/batch.h>
 #include <mantissa/fp8/float8_linear.h>
 #include <mantissa/model_output.h>
+#include <mantissa/nn/pretrained_config.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
 #include "llama_config.h"
@@ -112,8 +113,11 @@ TORCH_MODULE(LlamaModel);
 /// generator; `load_pretrained` (hf_checkpoint.h) replaces them with a checkpoint's.
 ///
 /// With `gradient_checkpointing_enable()` (the Trainer's `--gradient_checkpointing`), each
-/// decoder layer runs through `mantissa::nn::checkpoint` in training.
-struct LlamaForCausalLMImpl : torch::nn::Module, mantissa::nn::SupportsGradientCheckpointing {
+/// decoder layer runs through `mantissa::nn::checkpoint` in training. Its `config.json` goes
+/// beside the weights wherever the Trainer saves them (`save_model`, checkpoints).
+struct LlamaForCausalLMImpl : torch::nn::Module,
+                              mantissa::nn::SupportsGradientCheckpointing,
+                              mantissa::nn::HasPretrainedConfig {
   explicit LlamaForCausalLMImpl(const LlamaConfig& config);
   /// ids [batch, time] -> logits [batch, time, vocab_size] in the compute dtype. No sync.
   torch::Tensor forward(const torch::Tensor& ids);
@@ -129,6 +133,10 @@ struct LlamaForCausalLMImpl : torch::nn::Module, mantissa::nn::SupportsGradientC
   /// The decoder layers are the blocks (`--fsdp` shards them one at a time). Python:
   /// `LlamaPreTrainedModel._no_split_modules`.
   std::vector<std::string> no_split_modules() const override { return {"LlamaDecoderLayerImpl"}; }
+  /// `config.to_json(dtype)`, as `save_pretrained` writes it.
+  std::string pretrained_config_json(c10::ScalarType dtype) const override {
+    return config.to_json(dtype).dump(2) + "\n";
+  }
 
   LlamaConfig config;
   /// Compute the loss with the LM head a chunk of rows at a time (never all the logits).

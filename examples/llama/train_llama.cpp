@@ -126,25 +126,6 @@ void log_metrics(const std::string& split, const mantissa::LogEntry& metrics) {
   for (const auto& [key, value] : metrics) std::printf("  %-24s = %.6g\n", key.c_str(), value);
 }
 
-// Makes each saved checkpoint folder a model folder too: config.json beside model.safetensors.
-class ConfigWriter : public mantissa::TrainerCallback {
- public:
-  explicit ConfigWriter(LlamaForCausalLM model) : model_(std::move(model)) {}
-  void on_save(const mantissa::TrainingArguments& args, mantissa::TrainerState& state,
-               mantissa::TrainerControl&) override {
-    if (!state.is_world_process_zero) return;
-    const auto dir = mantissa::io::join_path(args.output_dir(),
-                                             "checkpoint-" + std::to_string(state.global_step));
-    if (!mantissa::io::is_directory(dir)) return;  // rotated out already
-    const auto dtype = model_->parameters().front().scalar_type();
-    mantissa::io::write_file_atomically(mantissa::io::join_path(dir, "config.json"),
-                                        model_->config.to_json(dtype).dump(2) + "\n");
-  }
-
- private:
-  LlamaForCausalLM model_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -230,7 +211,6 @@ int main(int argc, char** argv) try {
   const auto train_samples = static_cast<double>(*train_blocks.size());
 
   mantissa::Trainer trainer(model, args, std::move(train_blocks), std::move(eval_blocks));
-  trainer.add_callback(std::make_shared<ConfigWriter>(model));
   const bool saves = trainer.state().is_world_process_zero;
 
   mantissa::LogEntry all_results;

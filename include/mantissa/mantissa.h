@@ -33,6 +33,7 @@
 #include <mantissa/nn/linear_cross_entropy.h>
 #include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/nn/multihead_attention.h>
+#include <mantissa/nn/pretrained_config.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 #include <mantissa/optim/adafactor.h>
 #include <mantissa/optim/adamw_8bit.h>

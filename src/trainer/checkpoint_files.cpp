@@ -11,6 +11,7 @@
 #include <torch/serialize.h>
 
 #include <mantissa/io/safetensors.h>
+#include <mantissa/nn/pretrained_config.h>
 #include "io/filesystem.h"
 
 #include "io/atomic_file.h"
@@ -190,6 +191,24 @@ void read_model_file(const std::string& path, const ModelFileLoader& load_model_
 
 }  // namespace
 
+void write_pretrained_config(const std::string& dir, const torch::nn::Module& model,
+                             const io::NamedTensors& model_state) {
+  const auto* pretrained = dynamic_cast<const nn::HasPretrainedConfig*>(&model);
+  if (pretrained == nullptr) return;
+  // The dtype the weights are saved in: the first tensor's, as HF takes the model's.
+  auto dtype = c10::kFloat;
+  if (!model_state.empty()) {
+    dtype = model_state.front().second.scalar_type();
+  } else {
+    for (const auto& p : model.parameters()) {
+      dtype = p.scalar_type();
+      break;
+    }
+  }
+  io::write_file_atomically(io::join_path(dir, "config.json"),
+                            pretrained->pretrained_config_json(dtype));
+}
+
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
                             const io::NamedTensors& model_state, const FileFaults& faults) {
   const auto file = [&](const char* name) { return io::join_path(folder, name); };
@@ -198,6 +217,10 @@ void write_checkpoint_files(const std::string& folder, const CheckpointParts& pa
     optimizer_state_kind(*parts.optimizer);
     faults.writing(file("model.safetensors"));
     io::save_safetensors(file("model.safetensors"), model_state, {{"format", "pt"}});
+  }
+  if (dynamic_cast<const nn::HasPretrainedConfig*>(parts.model) != nullptr) {
+    faults.writing(file("config.json"));
+    write_pretrained_config(folder, *parts.model, model_state);
   }
   for (const auto& piece : checkpoint_pieces(parts)) {
     const auto path = io::join_path(folder, piece.file);

@@ -3,6 +3,8 @@
 //
 //   checkpoint-<step>/
 //     model.safetensors      model parameters and buffers (Python's safetensors reads it)
+//     config.json            for a model that has one (nn::HasPretrainedConfig), as
+//                            save_pretrained writes it
 //     optimizer.pt           the optimizer (LibTorch archive)
 //     scheduler.pt           the LR scheduler (torch.save format, LambdaLR's keys)
 //     scaler.pt              the GradScaler (torch.save format, PyTorch's keys)
@@ -82,6 +84,12 @@ struct CheckpointParts {
 /// `Trainer._save_checkpoint` less the folder handling. Syncs (copies tensors to the host).
 void write_checkpoint_files(const std::string& folder, const CheckpointParts& parts,
                             const io::NamedTensors& model_state, const FileFaults& faults = {});
+
+/// Writes `config.json` into `dir` when `model` is an `nn::HasPretrainedConfig`, with the dtype
+/// of `model_state`'s first tensor (or of the model's first parameter when `model_state` is
+/// empty); nothing otherwise. Python: what `save_pretrained` writes beside the weights. No sync.
+void write_pretrained_config(const std::string& dir, const torch::nn::Module& model,
+                             const io::NamedTensors& model_state);
 
 /// Writes this process's random state (CPU and CUDA generators) and `num_processes` (key
 /// `world_size`) into `folder`: `rng_state.pth` for a lone process, else

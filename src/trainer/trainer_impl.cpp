@@ -318,6 +318,7 @@ void Trainer::Impl::save_model(const std::string& dir) const {
   if (!strategy_->should_save()) return;
   io::create_directories(dir);
   io::save_safetensors(io::join_path(dir, "model.safetensors"), state, {{"format", "pt"}});
+  detail::write_pretrained_config(dir, *module_, state);
   args_.save_json(io::join_path(dir, "training_args.json"));
 }
 
