@@ -156,6 +156,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/trainer_impl.cpp
   src/trainer/trainer_prepare.cpp
   src/trainer/model_converters.cpp
+  src/trainer/optimizer_state_report.cpp
   src/trainer/trainer_train.cpp
   src/trainer/trainer.cpp
   src/distributed/environment.cpp

@@ -134,6 +134,33 @@ std::vector<FusedAdamWOptions> group_options(const Mode& mode) {
   return {decay, no_decay};
 }
 
+// FusedAdamW over this process's shard of each bucket (their fp32 masters with `mode.masters`),
+// grouped as the buckets are: what the Trainer builds over ShardedDataParallel's
+// optimizer_params. The masters' tensors live on in the optimizer and ShardedAdamW.
+struct ShardOptimizer {
+  std::unique_ptr<MasterWeights> masters;
+  std::shared_ptr<FusedAdamW> optimizer;
+};
+
+ShardOptimizer shard_optimizer(sh::FlatParameters& flat, const Mode& mode) {
+  std::vector<at::Tensor> shards;
+  for (std::size_t b = 0; b < flat.layout().buckets.size(); ++b) shards.push_back(flat.shard(b));
+  ShardOptimizer out;
+  if (mode.masters) out.masters = std::make_unique<MasterWeights>(shards);
+  std::vector<std::vector<at::Tensor>> tensors(flat.num_groups());
+  for (std::size_t b = 0; b < shards.size(); ++b) {
+    tensors.at(flat.layout().buckets[b].group)
+        .push_back(out.masters ? out.masters->master_params()[b] : shards[b]);
+  }
+  const auto options = group_options(mode);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (std::size_t g = 0; g < tensors.size(); ++g) {
+    groups.emplace_back(tensors[g], std::make_unique<FusedAdamWOptions>(options.at(g)));
+  }
+  out.optimizer = std::make_shared<FusedAdamW>(std::move(groups));
+  return out;
+}
+
 // Micro-batch `micro` of step `step`: the same rows on every process.
 std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t step, std::int64_t micro) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step * 10 + micro);
@@ -261,8 +288,9 @@ struct Sharded {
     flat = std::make_unique<sh::FlatParameters>(groups_of(net->parameters()), env.rank,
                                                 env.world_size, kBucketCapBytes);
     grads = std::make_unique<sh::GradientReduceScatter>(*flat, group);
-    shards =
-        std::make_unique<sh::ShardedAdamW>(*flat, *grads, group_options(mode), mode.masters, group);
+    auto built = shard_optimizer(*flat, mode);
+    shards = std::make_unique<sh::ShardedAdamW>(*flat, *grads, built.optimizer,
+                                                built.masters.get(), group);
     if (mode.scaler) {
       scaler = std::make_unique<GradScaler>(GradScalerOptions().init_scale(1024.));
       scaler->set_found_inf_reduction([this](at::Tensor& f) { shards->agree_found_inf_(f); });

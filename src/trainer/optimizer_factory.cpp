@@ -26,27 +26,6 @@ std::unique_ptr<torch::optim::Optimizer> build_named(
                                                  std::move(group_names)});
 }
 
-// The names of weight_decay_groups' tensors, split the same way; empty without a module.
-std::vector<std::vector<std::string>> weight_decay_group_names(
-    const std::vector<torch::Tensor>& params, const torch::nn::Module* module) {
-  if (module == nullptr) return {};
-  std::unordered_map<const void*, std::string> name_of;
-  for (const auto& item : module->named_parameters()) {
-    name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  }
-  std::vector<std::string> decay;
-  std::vector<std::string> no_decay;
-  for (const auto& param : params) {
-    if (!param.requires_grad()) continue;
-    const auto it = name_of.find(param.unsafeGetTensorImpl());
-    (param.dim() >= 2 ? decay : no_decay).push_back(it == name_of.end() ? "" : it->second);
-  }
-  std::vector<std::vector<std::string>> names;
-  if (!decay.empty()) names.push_back(std::move(decay));
-  if (!no_decay.empty()) names.push_back(std::move(no_decay));
-  return names;
-}
-
 }  // namespace
 
 optim::FusedAdamWOptions fused_adamw_options(const TrainingArguments& args,
@@ -59,39 +38,59 @@ optim::FusedAdamWOptions fused_adamw_options(const TrainingArguments& args,
       .stochastic_rounding_seed(static_cast<std::uint64_t>(args.seed()));
 }
 
-std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
-    const std::vector<torch::Tensor>& params, const amp::MasterWeights* masters,
-    bool* first_group_decays) {
-  std::vector<torch::Tensor> decay;
-  std::vector<torch::Tensor> no_decay;
+OptimizerParams weight_decay_params(const std::vector<torch::Tensor>& params,
+                                    const torch::nn::Module* module) {
+  std::unordered_map<const void*, std::string> name_of;
+  if (module != nullptr) {
+    for (const auto& item : module->named_parameters()) {
+      name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    }
+  }
+  std::vector<torch::Tensor> decay, no_decay;
+  std::vector<std::string> decay_names, no_decay_names;
+  OptimizerParams out;
+  out.in_order = params;  // frozen ones too: they keep their masters, as they always had
   for (const auto& param : params) {
     if (!param.requires_grad()) continue;
-    (param.dim() >= 2 ? decay : no_decay).push_back(param);
+    const auto it = name_of.find(param.unsafeGetTensorImpl());
+    const auto name = it == name_of.end() ? std::string() : it->second;
+    if (param.dim() >= 2) {
+      decay.push_back(param);
+      decay_names.push_back(name);
+    } else {
+      no_decay.push_back(param);
+      no_decay_names.push_back(name);
+    }
   }
-  auto optimized = [&](const std::vector<torch::Tensor>& group) {
-    return masters != nullptr ? masters->masters_for(group) : group;
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(optimized(decay));
-  if (!no_decay.empty()) groups.emplace_back(optimized(no_decay));
-  *first_group_decays = !decay.empty();
-  return groups;
+  out.first_group_decays = !decay.empty();
+  if (!decay.empty()) {
+    out.groups.push_back(std::move(decay));
+    out.names.push_back(std::move(decay_names));
+  }
+  if (!no_decay.empty()) {
+    out.groups.push_back(std::move(no_decay));
+    out.names.push_back(std::move(no_decay_names));
+  }
+  if (module == nullptr) out.names.clear();
+  return out;
 }
 
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
-                                        const std::vector<torch::Tensor>& model_params,
+                                        const OptimizerParams& params,
                                         amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,
-                                        const OptimizerFactory& factory,
-                                        const torch::nn::Module* module) {
-  bool first_group_decays = false;
-  auto groups = weight_decay_groups(model_params, masters, &first_group_decays);
-  TORCH_CHECK_VALUE(!groups.empty(), "the model has no parameter that requires grad");
+                                        const OptimizerFactory& factory) {
+  TORCH_CHECK_VALUE(!params.groups.empty(), "the model has no parameter that requires grad");
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& group : params.groups) {
+    groups.emplace_back(masters != nullptr ? masters->masters_for(group) : group);
+  }
+  const bool first_group_decays = params.first_group_decays;
   TrainerOptimizer result;
   result.optimizer =
       factory ? factory(std::move(groups))
               : build_named(args, std::move(groups), first_group_decays, masters,
-                            low_precision_update, weight_decay_group_names(model_params, module));
+                            low_precision_update, params.names);
   TORCH_CHECK_VALUE(result.optimizer != nullptr, "the optimizer factory returned null");
   for (const auto& group : result.optimizer->param_groups()) {
     result.params.insert(result.params.end(), group.params().begin(), group.params().end());

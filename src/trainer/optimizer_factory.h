@@ -16,14 +16,28 @@
 
 namespace mantissa::detail {
 
+/// The tensors an optimizer is to update, as a strategy hands them to the optimizer's
+/// factory: HF's weight-decay groups, the model's name of each tensor, and the same tensors in
+/// the strategy's own order (where the fp32 masters are made from).
+struct OptimizerParams {
+  /// Group 0 decays when `first_group_decays`; the other holds the 1-d tensors (biases,
+  /// normalisation weights). No group is empty.
+  std::vector<std::vector<torch::Tensor>> groups;
+  bool first_group_decays = false;
+  /// The model's name of each tensor of `groups`, parallel to them; empty where the tensors
+  /// have no names of their own (a strategy's flat shards).
+  std::vector<std::vector<std::string>> names;
+  /// The tensors fp32 masters are made for, in the order they are made and saved in: every
+  /// parameter of the model (frozen ones too), or a sharded strategy's shards in bucket order.
+  std::vector<torch::Tensor> in_order;
+};
+
 /// The trainable tensors of `params` in HF's weight-decay groups: group 0 the tensors of 2 or
-/// more dimensions (they decay), then the 1-d ones (biases, normalisation weights: no decay);
-/// an empty group is left out. With `masters`, each tensor is replaced by its fp32 master.
-/// `first_group_decays` says whether group 0 is the decaying one. Python:
-/// `Trainer.get_decay_parameter_names` + `create_optimizer`'s two groups.
-std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
-    const std::vector<torch::Tensor>& params, const amp::MasterWeights* masters,
-    bool* first_group_decays);
+/// more dimensions (they decay), then the 1-d ones (no decay); an empty group is left out.
+/// `module`, when given, names them. Python: `Trainer.get_decay_parameter_names` +
+/// `create_optimizer`'s two groups. Pure host code.
+OptimizerParams weight_decay_params(const std::vector<torch::Tensor>& params,
+                                    const torch::nn::Module* module);
 
 /// mantissa's FusedAdamW configured from `args` (`learning_rate`, the Adam betas and epsilon,
 /// `weight_decay`, the stochastic rounding seeded by `seed`) and writing low-precision
@@ -43,20 +57,17 @@ struct TrainerOptimizer {
   std::vector<torch::Tensor> params;
 };
 
-/// Builds the optimizer over `model_params` (their masters when `masters` is not null):
+/// Builds the optimizer over `params` (each tensor's master when `masters` is not null):
 /// `factory` when given, else the one `args.optim` names with `learning_rate`, the Adam betas
 /// and epsilon, and `weight_decay` in the decaying group only; a FusedAdamW writes
 /// low-precision parameters without masters with `low_precision_update` (its stochastic
-/// rounding seeded by `args.seed`). A FusedAdamW over masters of a
-/// low-precision model writes them back into the model in its own pass. Python:
-/// `Trainer.create_optimizer`. `module`, when given, names the parameters for the registry's
-/// entry (`OptimizerBuildInputs::group_names`). Throws `c10::ValueError` when there is nothing to
-/// optimize or the factory returns null.
+/// rounding seeded by `args.seed`). A FusedAdamW over masters of low-precision tensors writes
+/// them back in its own pass. Python: `Trainer.create_optimizer`. Throws `c10::ValueError`
+/// when there is nothing to optimize or the factory returns null.
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
-                                        const std::vector<torch::Tensor>& model_params,
+                                        const OptimizerParams& params,
                                         amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,
-                                        const OptimizerFactory& factory,
-                                        const torch::nn::Module* module = nullptr);
+                                        const OptimizerFactory& factory);
 
 }  // namespace mantissa::detail

@@ -116,7 +116,7 @@ void ShardedDataParallel::prepare_model(torch::nn::Module& module) {
 
 ForwardScope ShardedDataParallel::forward_context(const ForwardPass& pass) {
   if (pass.training) {
-    TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: make_optimizer was not called");
+    TORCH_INTERNAL_ASSERT(grads_ != nullptr, "ShardedDataParallel: setup_optimizer was not called");
   }
   if (units_ == nullptr) return {};
   units_->check_blocks_ran();
@@ -158,30 +158,13 @@ std::optional<std::string> ShardedDataParallel::cuda_graph_blocker() const {
       "captured graph would not replay");
 }
 
-OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args,
-                                                   torch::nn::Module& module,
-                                                   const PrecisionPlan& plan,
-                                                   const OptimizerFactory& factory,
-                                                   amp::GradScaler& scaler) {
-  TORCH_CHECK_VALUE(!factory,
-                    "fsdp shard_grad_op builds mantissa's FusedAdamW over each process's shard "
-                    "of the parameters; a Trainer with set_optimizer_factory cannot use it");
+OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module) {
   TORCH_CHECK_VALUE(module_ == &module, "ShardedDataParallel: prepare_model saw another module");
-  plan_ = plan;
-  bool first_group_decays = false;
-  const auto param_groups = weight_decay_groups(module.parameters(), nullptr, &first_group_decays);
-  TORCH_CHECK_VALUE(!param_groups.empty(), "the model has no parameter that requires grad");
-  std::vector<std::vector<torch::Tensor>> groups;
-  std::vector<optim::FusedAdamWOptions> options;
-  const auto base = fused_adamw_options(args, plan.low_precision_update);
-  for (std::size_t g = 0; g < param_groups.size(); ++g) {
-    groups.push_back(param_groups[g].params());
-    options.push_back(base);
-    options.back().weight_decay(g == 0 && first_group_decays ? args.weight_decay() : 0.0);
-  }
+  const auto whole = weight_decay_params(module.parameters(), nullptr);
+  TORCH_CHECK_VALUE(!whole.groups.empty(), "the model has no parameter that requires grad");
   const auto& group = collectives().group();
   if (full()) {
-    const auto inputs = unit_inputs(param_groups);
+    const auto inputs = unit_inputs(whole.groups);
     flat_ = std::make_unique<sharded::FlatParameters>(
         inputs, rank(), world_size(), std::numeric_limits<std::int64_t>::max(),
         sharded::FlatStorage::kShardsOnly);
@@ -189,8 +172,8 @@ OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args
     std::unordered_map<const c10::TensorImpl*, std::size_t> index;
     for (std::size_t i = 0; i < inputs.size(); ++i) index[inputs[i].tensor.unsafeGetTensorImpl()] = i;
     std::vector<std::size_t> order;
-    for (const auto& group : param_groups) {
-      for (const auto& p : group.params()) order.push_back(index.at(p.unsafeGetTensorImpl()));
+    for (const auto& params : whole.groups) {
+      for (const auto& p : params) order.push_back(index.at(p.unsafeGetTensorImpl()));
     }
     flat_->set_norm_order(std::move(order));
     std::vector<std::string> names{"the root"};
@@ -203,28 +186,57 @@ OptimizerSetup ShardedDataParallel::make_optimizer(const TrainingArguments& args
     malloc_trim(0);
 #endif
   } else {
-    flat_ = std::make_unique<sharded::FlatParameters>(groups, rank(), world_size(),
-                                                      args.resolved_ddp_bucket_cap_mb() * kMiB);
+    flat_ = std::make_unique<sharded::FlatParameters>(
+        whole.groups, rank(), world_size(), args().resolved_ddp_bucket_cap_mb() * kMiB);
   }
+  // This process's shard of each bucket, in bucket order, and grouped as the buckets are.
+  OptimizerParams shards;
+  shards.first_group_decays = whole.first_group_decays;
+  shards.groups.resize(flat_->num_groups());
+  const auto& buckets = flat_->layout().buckets;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    auto shard = flat_->shard(b);
+    shards.groups.at(buckets[b].group).push_back(shard);
+    shards.in_order.push_back(std::move(shard));
+  }
+  return shards;
+}
+
+std::optional<std::string> ShardedDataParallel::optimizer_factory_blocker() const {
+  return std::string(
+      "fsdp builds mantissa's FusedAdamW from the arguments over each process's shard of the "
+      "parameters, and gathers its state into the same optimizer for a checkpoint; train "
+      "without set_optimizer_factory (choose the optimizer with --optim)");
+}
+
+void ShardedDataParallel::setup_optimizer(OptimizerSetup& built, const PrecisionPlan& plan,
+                                          amp::GradScaler& scaler) {
+  TORCH_INTERNAL_ASSERT(flat_ != nullptr, "ShardedDataParallel: optimizer_params was not called");
+  auto fused = std::dynamic_pointer_cast<optim::FusedAdamW>(built.optimizer.optimizer);
+  TORCH_CHECK_VALUE(fused != nullptr,
+                    "fsdp shards the state of mantissa's FusedAdamW (optim adamw_torch_fused), "
+                    "over each process's flat shards of the parameters; the optimizer built "
+                    "for this run is ",
+                    c10::demangle(typeid(*built.optimizer.optimizer).name()),
+                    ", whose state fsdp cannot shard");
+  plan_ = plan;
   // Full sharding: two buckets' inputs in flight at most (a whole gradient otherwise).
-  grads_ = std::make_unique<sharded::GradientReduceScatter>(*flat_, group,
+  grads_ = std::make_unique<sharded::GradientReduceScatter>(*flat_, collectives().group(),
                                                             /*max_in_flight=*/full() ? 2 : 0);
-  shards_ = std::make_unique<sharded::ShardedAdamW>(
-      *flat_, *grads_, std::move(options), plan.weights == WeightsMode::kFp32Masters, group);
+  shards_ = std::make_unique<sharded::ShardedAdamW>(*flat_, *grads_, std::move(fused),
+                                                    built.masters.get(), collectives().group());
+  // The wrapper keeps the masters' tensors; the engine must not treat them as its own.
+  built.masters.reset();
   scaler.set_found_inf_reduction(
       [shards = shards_.get()](at::Tensor& found_inf) { shards->agree_found_inf_(found_inf); });
-  OptimizerSetup setup;
-  setup.optimizer.optimizer = shards_->shared_optimizer();
-  setup.optimizer.fused = &shards_->optimizer();
-  setup.optimizer.params = shards_->shard_params();
-  return setup;
+  built.optimizer.params = shards_->shard_params();
 }
 
 std::vector<sharded::FlatInput> ShardedDataParallel::unit_inputs(
-    const std::vector<torch::optim::OptimizerParamGroup>& groups) const {
+    const std::vector<std::vector<torch::Tensor>>& groups) const {
   std::unordered_map<const c10::TensorImpl*, std::size_t> group_of;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    for (const auto& p : groups[g].params()) group_of[p.unsafeGetTensorImpl()] = g;
+    for (const auto& p : groups[g]) group_of[p.unsafeGetTensorImpl()] = g;
   }
   std::unordered_map<const c10::TensorImpl*, std::size_t> unit_of;
   for (std::size_t b = 0; b < blocks_.size(); ++b) {

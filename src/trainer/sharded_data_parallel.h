@@ -62,14 +62,20 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
     return std::nullopt;
   }
 
-  /// Flattens the parameters of HF's weight-decay groups into buckets, installs the
-  /// reduce-scatter hooks and builds FusedAdamW over this process's shards (fp32 masters of the
-  /// shards when `plan` asks for masters), and makes `scaler` agree on inf/nan across the
-  /// processes. Refuses an optimizer factory (`set_optimizer_factory`): the sharded optimizer
-  /// is mantissa's FusedAdamW.
-  OptimizerSetup make_optimizer(const TrainingArguments& args, torch::nn::Module& module,
-                                const PrecisionPlan& plan, const OptimizerFactory& factory,
-                                amp::GradScaler& scaler) override;
+  /// Flattens the parameters of HF's weight-decay groups into buckets (with full sharding,
+  /// one unit per block and the root, the parameters freed to their shards) and gives this
+  /// process's shard of each bucket, grouped as the buckets are and unnamed.
+  OptimizerParams optimizer_params(torch::nn::Module& module) override;
+  /// Installs the reduce-scatter of the gradients and wraps the optimizer built over the shards
+  /// (and their fp32 masters when `plan` asks for masters) in `sharded::ShardedAdamW`, and makes
+  /// `scaler` agree on inf/nan across the processes. The optimizer must be mantissa's FusedAdamW
+  /// (a `set_optimizer_factory` one too, over the flat shards it is given); another is refused
+  /// by name.
+  void setup_optimizer(OptimizerSetup& built, const PrecisionPlan& plan,
+                       amp::GradScaler& scaler) override;
+  /// Always a reason: a checkpoint gathers the shards' state into an optimizer built from the
+  /// arguments, which a user's factory may not match.
+  std::optional<std::string> optimizer_factory_blocker() const override;
   /// Waits for the reduce-scatters and puts each averaged shard gradient into the optimizer's
   /// tensors; with full sharding, frees every unit still gathered. A collective.
   void finish_gradients() override;
@@ -148,11 +154,11 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// The flat parameters in units: the root's first (its buckets come last in backward), then
   /// each block's, each unit's grouped by param group. Full sharding only.
   std::vector<sharded::FlatInput> unit_inputs(
-      const std::vector<torch::optim::OptimizerParamGroup>& groups) const;
+      const std::vector<std::vector<torch::Tensor>>& groups) const;
 
   FsdpSettings settings_;
   torch::nn::Module* module_ = nullptr;  ///< set by prepare_model
-  PrecisionPlan plan_;                   ///< set by make_optimizer
+  PrecisionPlan plan_;                   ///< set by setup_optimizer
   std::vector<sharded::BlockUnit> blocks_;  ///< full sharding: units 1.., from prepare_model
   std::shared_ptr<UnitRunner> runner_;      ///< full sharding: installed on the model
   std::unique_ptr<sharded::FlatParameters> flat_;

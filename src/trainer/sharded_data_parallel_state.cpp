@@ -137,8 +137,9 @@ OptimizerSetup ShardedDataParallel::unsharded_optimizer(
   if (plan_.weights == WeightsMode::kFp32Masters) {
     whole.masters = std::make_unique<amp::MasterWeights>(params);
   }
-  whole.optimizer = make_trainer_optimizer(args(), params, whole.masters.get(),
-                                           plan_.low_precision_update, /*factory=*/{});
+  whole.optimizer = make_trainer_optimizer(args(), weight_decay_params(params, nullptr),
+                                           whole.masters.get(), plan_.low_precision_update,
+                                           /*factory=*/{});
   // The learning rates the schedule has set (the other options are the arguments').
   auto& groups = whole.optimizer.optimizer->param_groups();
   const auto& sharded_groups = shards_->optimizer().param_groups();

@@ -15,17 +15,12 @@ std::vector<double> Strategy::mean(std::vector<double> values) const {
   return sums;
 }
 
-OptimizerSetup Strategy::make_optimizer(const TrainingArguments& args, torch::nn::Module& module,
-                                        const PrecisionPlan& plan, const OptimizerFactory& factory,
-                                        amp::GradScaler& /*scaler*/) {
-  OptimizerSetup setup;
-  if (plan.weights == WeightsMode::kFp32Masters) {
-    setup.masters = std::make_unique<amp::MasterWeights>(module.parameters());
-  }
-  setup.optimizer = make_trainer_optimizer(args, module.parameters(), setup.masters.get(),
-                                           plan.low_precision_update, factory, &module);
-  return setup;
+OptimizerParams Strategy::optimizer_params(torch::nn::Module& module) {
+  return weight_decay_params(module.parameters(), &module);
 }
+
+void Strategy::setup_optimizer(OptimizerSetup& /*built*/, const PrecisionPlan& /*plan*/,
+                               amp::GradScaler& /*scaler*/) {}
 
 io::NamedTensors Strategy::model_state_dict(const torch::nn::Module& module) const {
   return io::module_state_dict(module);

@@ -201,14 +201,26 @@ class Strategy {
 
   // ---- the optimizer and its update ---------------------------------------------------------
 
-  /// Builds the optimizer over the prepared `module` (after `prepare_model`): fp32 masters
-  /// when `plan` asks for them, then `make_trainer_optimizer`. A strategy that shards the
-  /// optimizer state builds its own, over this process's shards, with `scaler` told how to
-  /// agree on inf/nan. Python: HF's `Trainer.create_optimizer` (and DeepSpeed's wrapping of it).
-  /// No sync.
-  virtual OptimizerSetup make_optimizer(const TrainingArguments& args, torch::nn::Module& module,
-                                        const PrecisionPlan& plan, const OptimizerFactory& factory,
-                                        amp::GradScaler& scaler);
+  /// The tensors the optimizer is to update, in HF's weight-decay groups (after
+  /// `prepare_model`): by default the model's trainable parameters with their names. A
+  /// strategy that shards the optimizer state flattens the parameters into its buckets here and
+  /// gives this process's shard of each bucket. The Trainer makes the fp32 masters and the
+  /// optimizer over them (the registry's entry, or the user's factory) and hands both to
+  /// `setup_optimizer`. Python: `model.parameters()`, or the sharded parameters after FSDP2's
+  /// `fully_shard`. No sync.
+  virtual OptimizerParams optimizer_params(torch::nn::Module& module);
+  /// Takes the optimizer built over `optimizer_params` (and the masters the Trainer made for
+  /// `plan`) before the first step. Nothing by default. A strategy that shards the optimizer
+  /// state wraps it: the reduced gradient shards go into its tensors, its updated shards are
+  /// gathered back into the model, `scaler` agrees on inf/nan across the processes, and the
+  /// masters move into the wrapper (`built.masters` is null after). Throws `c10::ValueError`
+  /// for an optimizer it cannot shard, naming it. Python: Lightning's
+  /// `Strategy.setup_optimizers`, DeepSpeed's wrapping of the client optimizer. No sync.
+  virtual void setup_optimizer(OptimizerSetup& built, const PrecisionPlan& plan,
+                               amp::GradScaler& scaler);
+  /// Why this strategy cannot train with an optimizer from `set_optimizer_factory`
+  /// (completing "set_optimizer_factory: ..."), or nullopt when it can.
+  virtual std::optional<std::string> optimizer_factory_blocker() const { return std::nullopt; }
   /// After the last backward of an update, before anything reads the gradients: a strategy
   /// whose gradients are still travelling waits for them here and puts them where the
   /// optimizer reads them. Nothing by default. A collective where it communicates.

@@ -150,6 +150,10 @@ class Trainer::Impl {
   void load_best_model();
   /// Writes `checkpoint-<global_step>`, rotates old ones, fires `on_save`. Syncs.
   void save_checkpoint();
+  /// After the first update of this Trainer, on the process that logs: the bytes of
+  /// optimizer state (and fp32 masters) it holds, unless the strategy described its own at the
+  /// start. Python has no such line.
+  void report_optimizer_state_once();
   /// At the end of `train()`: the best model loaded back (`load_best_model_at_end`), and with
   /// `save_total_limit` 1 only the best checkpoint kept.
   void finish_training();
@@ -179,6 +183,8 @@ class Trainer::Impl {
   detail::CallbackHandler callbacks_{args_, state_, control_, callback_context_};
   /// An evaluation improved `best_metric` since the last checkpoint: the next one is the best.
   bool best_unsaved_ = false;
+  /// The optimizer state's size has been reported (report_optimizer_state_once).
+  bool optimizer_state_reported_ = false;
   /// Built-in metrics that a compute_metrics value replaced and that were warned about.
   std::set<std::string> warned_metric_replacements_;
 

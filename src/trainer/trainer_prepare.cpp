@@ -43,8 +43,22 @@ void Trainer::Impl::prepare() {
           .consecutive_hysteresis(args_.consecutive_hysteresis())
           .min_scale(args_.min_loss_scale())
           .max_scale(args_.max_loss_scale().value_or(std::numeric_limits<double>::infinity())));
-  auto setup =
-      strategy_->make_optimizer(args_, *module_, plan_, hooks_.optimizer_factory, o.scaler);
+  // The strategy chooses the tensors (a sharded one its shards), the registry or the user's
+  // factory builds the optimizer over them, and the strategy sets it up.
+  if (hooks_.optimizer_factory) {
+    if (const auto why = strategy_->optimizer_factory_blocker()) {
+      TORCH_CHECK_VALUE(false, "set_optimizer_factory: ", *why);
+    }
+  }
+  const auto params = strategy_->optimizer_params(*module_);
+  detail::OptimizerSetup setup;
+  if (plan_.weights == WeightsMode::kFp32Masters) {
+    setup.masters = std::make_unique<amp::MasterWeights>(params.in_order);
+  }
+  setup.optimizer = detail::make_trainer_optimizer(args_, params, setup.masters.get(),
+                                                   plan_.low_precision_update,
+                                                   hooks_.optimizer_factory);
+  strategy_->setup_optimizer(setup, plan_, o.scaler);
   o.masters = std::move(setup.masters);
   o.optimizer = std::move(setup.optimizer);
   if (hooks_.optimizer_factory) {

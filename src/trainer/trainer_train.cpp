@@ -20,6 +20,7 @@
 #include "trainer/eager_engine.h"
 #include "trainer/graph_engine.h"
 #include "trainer/interval_policy.h"
+#include "trainer/optimizer_state_report.h"
 #include "trainer/thread_check.h"
 #include "trainer/trainer_impl.h"
 #include "trainer/training_loop.h"
@@ -100,6 +101,7 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   }
   actions.save_checkpoint = [this] { save_checkpoint(); };
   actions.add_optimizer_values = [this](LogEntry& logs) { add_optimizer_values(logs); };
+  actions.after_update = [this] { report_optimizer_state_once(); };
   actions.finish = [this] { finish_training(); };
   module_->train();
   detail::TrainingLoop loop({args_, objects_.schedule, intervals_, train_, device_, *strategy_,
@@ -107,6 +109,17 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
                              std::move(actions)});
   const auto result = loop.run();
   return TrainOutput{state_.global_step, result.training_loss, result.metrics};
+}
+
+void Trainer::Impl::report_optimizer_state_once() {
+  if (optimizer_state_reported_) return;
+  optimizer_state_reported_ = true;
+  // A strategy that shards the state said what each process holds when training started.
+  if (!strategy_->should_log() || !strategy_->describe_optimizer_state().empty()) return;
+  if (const auto size = detail::measure_optimizer_state(*objects_.optimizer.optimizer,
+                                                        objects_.masters.get())) {
+    progress_->print(detail::describe_optimizer_state_size(*size));
+  }
 }
 
 }  // namespace mantissa

@@ -106,6 +106,7 @@ void TrainingLoop::train_epoch(std::int64_t epoch, std::int64_t skip) {
     if (!updated) continue;
     ++state.global_step;
     state.epoch = schedule.fractional_epoch(epoch, b);
+    if (parts_.actions.after_update) parts_.actions.after_update();
     parts_.callbacks.fire(&TrainerCallback::on_step_end);
     parts_.progress.update(state.global_step);
     maybe_log_save_evaluate(/*epoch_end=*/false);

@@ -37,6 +37,8 @@ struct LoopActions {
   /// Adds what the optimizer side reports to a training log line: `learning_rate`, and with
   /// loss scaling `loss_scale` and `skipped_steps`.
   std::function<void(LogEntry&)> add_optimizer_values;
+  /// After each update, before `on_step_end`. May be empty.
+  std::function<void()> after_update;
   /// After the last step, before `on_train_end`: the best model loaded back, the final
   /// rotation of checkpoints. May be empty.
   std::function<void()> finish;

@@ -23,44 +23,51 @@ std::int64_t bytes_of(const at::Tensor& t) {
 }  // namespace
 
 ShardedAdamW::ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
-                           std::vector<optim::FusedAdamWOptions> group_options, bool master_weights,
+                           std::shared_ptr<optim::FusedAdamW> optimizer,
+                           const amp::MasterWeights* masters,
                            c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : flat_(flat), grads_(grads), group_(std::move(group)) {
-  TORCH_CHECK_VALUE(group_options.size() == flat_.num_groups(),
-                    "ShardedAdamW: ", group_options.size(), " group options given for ",
-                    flat_.num_groups(), " param groups");
+    : flat_(flat), grads_(grads), group_(std::move(group)), optimizer_(std::move(optimizer)) {
+  TORCH_CHECK_VALUE(optimizer_ != nullptr, "ShardedAdamW: the optimizer is null");
   TORCH_CHECK_VALUE(group_ && group_->getSize() == flat_.world_size(),
                     "ShardedAdamW: the process group has ", group_ ? group_->getSize() : 0,
                     " ranks, the layout was planned for ", flat_.world_size());
   const auto& buckets = flat_.layout().buckets;
-  std::vector<std::vector<at::Tensor>> per_group(flat_.num_groups());
-  std::vector<at::Tensor> masters, model_shards;
+  TORCH_CHECK_VALUE(masters == nullptr || masters->model_params().size() == buckets.size(),
+                    "ShardedAdamW: masters of ", masters ? masters->model_params().size() : 0,
+                    " tensors given for ", buckets.size(), " buckets");
+  // The optimizer's tensors, group by group in bucket order: bucket b is the next tensor of
+  // its group.
+  const auto& groups = optimizer_->param_groups();
+  std::vector<std::size_t> taken(groups.size(), 0);
   at::NoGradGuard no_grad;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    auto shard = flat_.shard(b);
-    const bool master = master_weights && amp::is_low_precision(buckets[b].dtype);
+    const auto g = buckets[b].group;
+    TORCH_CHECK_VALUE(g < groups.size() && taken[g] < groups[g].params().size(),
+                      "ShardedAdamW: the optimizer's param groups must hold this process's shards "
+                      "(or their masters) group by group in bucket order, as optimizer_params "
+                      "gave them; it has ",
+                      groups.size(), " groups, and none left for bucket ", b, " of group ", g);
+    const auto& param = groups[g].params()[taken[g]++];
+    const auto shard = flat_.shard(b);
+    // Where the optimizer's tensor writes: the shard itself, or the master's model tensor.
+    const bool master = masters != nullptr && !param.is_same(masters->model_params()[b]);
+    const auto& written = master ? masters->model_params()[b] : param;
+    TORCH_CHECK_VALUE(written.data_ptr() == shard.data_ptr() && written.numel() == shard.numel() &&
+                          (!master || param.is_same(masters->master_params()[b])),
+                      "ShardedAdamW: tensor ", taken[g] - 1, " of param group ", g,
+                      " is not this process's shard of bucket ", b, " (nor its master)");
     has_master_.push_back(master);
-    if (master) {
-      auto fp32 = shard.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      master_grads_.push_back(at::zeros_like(fp32));
-      masters.push_back(fp32);
-      model_shards.push_back(shard);
-      shard_params_.push_back(fp32);
-    } else {
-      master_grads_.emplace_back();
-      shard_params_.push_back(shard);
-    }
-    per_group[buckets[b].group].push_back(shard_params_.back());
+    master_grads_.push_back(master ? at::zeros_like(param) : at::Tensor());
+    shard_params_.push_back(param);
   }
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  for (std::size_t g = 0; g < per_group.size(); ++g) {
-    TORCH_CHECK_VALUE(!per_group[g].empty(), "ShardedAdamW: param group ", g, " has no parameters");
-    param_groups.emplace_back(per_group[g],
-                              std::make_unique<optim::FusedAdamWOptions>(group_options[g]));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    TORCH_CHECK_VALUE(taken[g] == groups[g].params().size(), "ShardedAdamW: param group ", g,
+                      " holds ", groups[g].params().size(), " tensors for ", taken[g], " buckets");
   }
-  optimizer_ = std::make_shared<optim::FusedAdamW>(std::move(param_groups));
   for (const auto& bucket : buckets) splits_.push_back(split_slots(bucket, flat_.world_size()));
-  if (!masters.empty()) optimizer_->link_model_params(masters, model_shards);
+  if (masters != nullptr && masters->has_low_precision() && !optimizer_->writes_back_to_model()) {
+    optimizer_->link_model_params(*masters);
+  }
 }
 
 void ShardedAdamW::prepare_grads() {

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <mantissa/amp/master_weights.h>
 #include <mantissa/optim/fused_adamw.h>
 
 #include "trainer/sharded/flat_parameters.h"
@@ -37,15 +38,17 @@ namespace mantissa::detail::sharded {
 /// options), so a learning-rate scheduler drives it as it would the unsharded one.
 class ShardedAdamW {
  public:
-  /// `group_options[g]` are the options of param group `g` of `flat`. With `master_weights`,
-  /// each bf16/fp16 bucket's shard gets an fp32 master (and an fp32 gradient), which the
-  /// optimizer updates and writes back, rounded, into the shard of the model's buffer; fp32
-  /// buckets are their own master. Without, the optimizer updates the shard of the model's
-  /// buffer directly (pure bf16 with FusedAdamW's nearest / Kahan / stochastic rounding).
-  /// Throws `c10::ValueError` when the option count differs from the group count, or the group
-  /// does not span the layout's world size. No collective.
+  /// Wraps `optimizer`, built over this rank's shard of each bucket of `flat` (or its fp32
+  /// master from `masters`, made from the shards in bucket order; null without masters),
+  /// grouped as the buckets are: group by group, in bucket order. A bf16/fp16 shard with a
+  /// master gets an fp32 gradient too, and the optimizer writes the master back, rounded, into
+  /// the shard of the model's buffer; fp32 shards are their own master. Without masters the
+  /// optimizer updates the shard of the model's buffer directly (pure bf16 with FusedAdamW's
+  /// nearest / Kahan / stochastic rounding). Throws `c10::ValueError` when the optimizer's
+  /// groups are not the shards, or the group does not span the layout's world size. No
+  /// collective.
   ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
-               std::vector<optim::FusedAdamWOptions> group_options, bool master_weights,
+               std::shared_ptr<optim::FusedAdamW> optimizer, const amp::MasterWeights* masters,
                c10::intrusive_ptr<c10d::ProcessGroup> group);
 
   ShardedAdamW(const ShardedAdamW&) = delete;
