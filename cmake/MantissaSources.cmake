@@ -81,6 +81,7 @@ set(MANTISSA_CXX_SOURCES
   src/optim/registry/rmsprop_spec.cpp
   src/optim/registry/lbfgs_spec.cpp
   src/optim/optim_args.cpp
+  src/optim/low_precision_write.cpp
   src/optim/adafactor.cpp
   src/optim/registry/adafactor_spec.cpp
   src/optim/adamw_8bit.cpp

@@ -35,6 +35,34 @@ std::int64_t latest_checkpoint_step(const std::string& dir) {
   return latest;
 }
 
+// 8 steps at 2 ranks in one go against 4 + a resume from checkpoint-4 at 2 ranks, with
+// `extra` flags (an optimizer and its model): the resumed ranks end bitwise where the
+// uninterrupted ones did.
+bool check_resume_bitwise(const Launch& l, const std::vector<std::string>& extra,
+                          const std::string& tag) {
+  const std::vector<std::string> flags = std::vector<std::string>{
+      "--dropout", "0.2", "--per_device_train_batch_size", "32", "--save_steps", "4"} + extra;
+  const auto run = [&](const std::string& name, const std::vector<std::string>& more) {
+    const auto out = l.dir + "/" + tag + "-" + name;
+    return all_zero(run_ranks(l, 2,
+                              flags + common_flags(out) +
+                                  std::vector<std::string>{"--save_strategy", "steps",
+                                                           "--results", out + ".st"} +
+                                  more,
+                              out));
+  };
+  bool ok = run("full", {});
+  ok &= ok && run("resumed", {"--resume_from_checkpoint", l.dir + "/" + tag + "-full/checkpoint-4"});
+  for (int r = 0; ok && r < 2; ++r) {
+    const auto suffix = ".st.rank" + std::to_string(r);
+    ok &= same_weights(load_results(l.dir + "/" + tag + "-full" + suffix),
+                       load_results(l.dir + "/" + tag + "-resumed" + suffix), 0, 0,
+                       tag + ": uninterrupted vs resumed, rank " + std::to_string(r) +
+                           " (bitwise)");
+  }
+  return ok;
+}
+
 // What torchrun does on Ctrl-C: SIGTERM to every rank, here while both save a checkpoint at
 // every step (two kept). Each checkpoint-<N> left behind is whole, and the job resumes from
 // the latest and finishes.
@@ -136,6 +164,7 @@ int run_check(const std::string& scenario, Launch l) {
     // The optimizers of docs/optimizers.md hold whole tensors on every rank: two ranks at half
     // the batch each are the one process at the whole batch, as AdamW's are (fp32 above).
     ok = check_equivalence(l, {"--optim", scenario.substr(6)}, 32, 1e-5, false);
+    ok &= check_resume_bitwise(l, {"--optim", scenario.substr(6)}, "resume");
   } else if (scenario == "optim_adamw_torch_8bit") {
     // fc1 (20 x 256) is quantised. The ranks stay bitwise equal; against one process, the
     // gradient averaged in another order can put a moment on the other side of a code boundary,
@@ -143,6 +172,7 @@ int run_check(const std::string& scenario, Launch l) {
     // tolerance is the size of such a step at this learning rate rather than fp32 rounding's
     // (measured: 5.5e-5 in fc1.weight; 3e-7 in the unquantised fc2.weight).
     ok = check_equivalence(l, {"--optim", "adamw_torch_8bit", "--hidden", "256"}, 32, 2e-4, false);
+    ok &= check_resume_bitwise(l, {"--optim", "adamw_torch_8bit", "--hidden", "256"}, "resume");
   } else if (scenario == "fp16_loss_scaling") {
     // A first scale of 2^24 overflows the fp16 gradients: the first steps are skipped while
     // it backs off, then it trains.

@@ -145,7 +145,8 @@
     "How a bf16/fp16 model without master copies (master_weights off) writes each update: "        \
     "nearest rounds (an update below half an ulp of its weight is lost), kahan keeps the "         \
     "lost part in a buffer for the next step, stochastic_rounding rounds up or down at "           \
-    "random, right on average; auto is kahan with mantissa's FusedAdamW, else nearest.")           \
+    "random, right on average; auto is kahan with an optimizer that has the rules (FusedAdamW, " \
+    "adafactor, adamw_torch_8bit), else nearest.")                                                \
   /* ---- FP8 (mantissa; TransformerEngine's DelayedScaling names) -------------------- */      \
   X(bool, fp8, false,                                                                              \
     "Run the matmuls of the model's Float8Linear layers in FP8 (at::_scaled_mm), except the "      \

@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
+#include "optim/low_precision_write.h"
+
 namespace mantissa::optim {
 namespace {
 
@@ -114,7 +116,8 @@ void AdafactorParamState::serialize(torch::serialize::OutputArchive& archive) co
        {std::pair<const char*, const at::Tensor&>{"exp_avg_sq_row", exp_avg_sq_row()},
         {"exp_avg_sq_col", exp_avg_sq_col()},
         {"exp_avg_sq", exp_avg_sq()},
-        {"exp_avg", exp_avg()}}) {
+        {"exp_avg", exp_avg()},
+        {"kahan_comp", kahan_comp()}}) {
     if (t.defined()) archive.write(key, t);
   }
 }
@@ -131,6 +134,7 @@ void AdafactorParamState::serialize(torch::serialize::InputArchive& archive) {
   exp_avg_sq_col(read_tensor("exp_avg_sq_col"));
   exp_avg_sq(read_tensor("exp_avg_sq"));
   exp_avg(read_tensor("exp_avg"));
+  kahan_comp(read_tensor("kahan_comp"));
 }
 
 Adafactor::Adafactor(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -152,9 +156,11 @@ at::Tensor Adafactor::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  std::uint32_t index = 0;  // over all groups: the key of stochastic rounding, as FusedAdamW's
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdafactorOptions&>(group.options());
     for (auto& p : group.params()) {
+      const auto tensor_index = index++;
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "Adafactor does not take sparse gradients");
       const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
@@ -173,7 +179,15 @@ at::Tensor Adafactor::step(LossClosure closure) {
         target.add_(target, -options.weight_decay() * options.lr());
       }
       target.sub_(update);
-      if (low_precision) p.copy_(target);
+      if (low_precision) {
+        if (low_precision_update_ == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
+          state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        }
+        detail::write_low_precision_(
+            p, target, low_precision_update_, state.kahan_comp(),
+            {stochastic_rounding_seed_, tensor_index, static_cast<std::uint32_t>(state.step())},
+            "Adafactor");
+      }
     }
   }
   return loss;
@@ -220,6 +234,11 @@ void Adafactor::load(torch::serialize::InputArchive& archive) {
       state.exp_avg_sq_col(fit("exp_avg_sq_col", state.exp_avg_sq_col(), factored, col));
       state.exp_avg_sq(fit("exp_avg_sq", state.exp_avg_sq(), !factored, sizes));
       if (state.exp_avg().defined()) state.exp_avg(fit("exp_avg", state.exp_avg(), true, sizes));
+      if (state.kahan_comp().defined()) {
+        // In the parameter's dtype, as the Kahan write keeps it.
+        const auto comp = fit("kahan_comp", state.kahan_comp(), true, sizes);
+        state.kahan_comp(comp.to(p.scalar_type()).contiguous());
+      }
     }
   }
 }

@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
+#include "optim/low_precision_write.h"
+
 namespace mantissa::optim {
 namespace {
 
@@ -214,7 +216,8 @@ void AdamW8bitParamState::serialize(torch::serialize::OutputArchive& archive) co
         {"exp_avg_sq_codes", exp_avg_sq_codes()},
         {"exp_avg_sq_scale", exp_avg_sq_scale()},
         {"exp_avg", exp_avg()},
-        {"exp_avg_sq", exp_avg_sq()}}) {
+        {"exp_avg_sq", exp_avg_sq()},
+        {"kahan_comp", kahan_comp()}}) {
     if (t.defined()) archive.write(key, t);
   }
 }
@@ -234,6 +237,7 @@ void AdamW8bitParamState::serialize(torch::serialize::InputArchive& archive) {
   exp_avg_sq_scale(read_tensor("exp_avg_sq_scale"));
   exp_avg(read_tensor("exp_avg"));
   exp_avg_sq(read_tensor("exp_avg_sq"));
+  kahan_comp(read_tensor("kahan_comp"));
 }
 
 AdamW8bit::AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -255,10 +259,12 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  std::uint32_t index = 0;  // over all groups: the key of stochastic rounding, as FusedAdamW's
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const AdamW8bitOptions&>(group.options());
     const auto [beta1, beta2] = o.betas();
     for (auto& p : group.params()) {
+      const auto tensor_index = index++;
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "AdamW8bit does not take sparse gradients");
       auto& slot = state_[p.unsafeGetTensorImpl()];
@@ -298,7 +304,21 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
       }
       const auto denom = v.sqrt() / bias_correction2.sqrt() + o.eps();
       p32 = p32 - lr * (m / bias_correction1) / denom;
-      p.copy_(p32);
+      const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
+      if (!low_precision || low_precision_update_ == LowPrecisionUpdate::kNearest) {
+        p.copy_(p32);
+        continue;
+      }
+      if (low_precision_update_ == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
+        state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      }
+      // The step count keys stochastic rounding's bits (a sync on a GPU, whose write goes
+      // through the host anyway).
+      const auto step = low_precision_update_ == LowPrecisionUpdate::kStochasticRounding
+                            ? static_cast<std::uint32_t>(state.step().item<float>())
+                            : 0u;
+      detail::write_low_precision_(p, p32, low_precision_update_, state.kahan_comp(),
+                                   {stochastic_rounding_seed_, tensor_index, step}, "AdamW8bit");
     }
   }
   return loss;
@@ -349,6 +369,10 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       state.exp_avg(fit("exp_avg", state.exp_avg(), !quantised, p.sizes(), p.scalar_type()));
       state.exp_avg_sq(
           fit("exp_avg_sq", state.exp_avg_sq(), !quantised, p.sizes(), p.scalar_type()));
+      if (state.kahan_comp().defined()) {
+        state.kahan_comp(
+            fit("kahan_comp", state.kahan_comp(), true, p.sizes(), p.scalar_type()).contiguous());
+      }
     }
   }
 }

@@ -167,9 +167,9 @@ void check_choice_fields(const TrainingArguments& args) {
   const auto& update = args.low_precision_update();
   TORCH_CHECK_VALUE(update_rules || update == LowPrecisionUpdateMode::kAuto ||
                         update == LowPrecisionUpdateMode::kNearest,
-                    "low_precision_update ", update,
-                    " is a rule of mantissa's FusedAdamW, but optim is ", args.optim(),
-                    "; use --optim adamw_torch_fused (or low_precision_update nearest)");
+                    "low_precision_update ", update, " is not a rule optim ", args.optim(),
+                    " has (mantissa's FusedAdamW, Adafactor and 8-bit AdamW have it); use one "
+                    "of those, or low_precision_update nearest");
 }
 
 void check_reporting(const TrainingArguments& args) {

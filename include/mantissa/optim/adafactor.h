@@ -10,6 +10,7 @@
 #include <torch/serialize/archive.h>
 
 #include <mantissa/arg.h>
+#include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa::optim {
 
@@ -56,6 +57,9 @@ struct AdafactorParamState
   MANTISSA_ARG(at::Tensor, exp_avg_sq);
   /// Python: `state["exp_avg"]`, only with `beta1` set.
   MANTISSA_ARG(at::Tensor, exp_avg);
+  /// The part of the updates a bf16/fp16 parameter lost to rounding, in its dtype: only under
+  /// `LowPrecisionUpdate::kKahan` (FusedAdamW's `kahan_comp`). Python has no such key.
+  MANTISSA_ARG(at::Tensor, kahan_comp);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -65,8 +69,9 @@ struct AdafactorParamState
 /// Adafactor (Shazeer & Stern, 2018) with HF's update: the second moment of a matrix is kept as
 /// its row and column means (O(n+m) memory for an n x m matrix), the update is the gradient
 /// over the moment's square root, scaled down to an RMS of at most `clip_threshold`, times `lr`.
-/// bf16/fp16 parameters are updated in fp32 and rounded back to nearest (pure low-precision
-/// training); the state is fp32. Python: `transformers.optimization.Adafactor(params, lr=lr,
+/// bf16/fp16 parameters are updated in fp32 and written back by `low_precision_update` (pure
+/// low-precision training: nearest rounding by default; Kahan compensation or stochastic
+/// rounding as FusedAdamW writes them); the state is fp32. Python: `transformers.optimization.Adafactor(params, lr=lr,
 /// scale_parameter=False, relative_step=False)`. `step()` does not sync with the device.
 class Adafactor : public torch::optim::Optimizer {
  public:
@@ -82,6 +87,18 @@ class Adafactor : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Reads `save`'s archive; the state moves to its parameter's device, in fp32.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// How bf16/fp16 parameters receive their fp32 result (`kNearest` until set), and the key of
+  /// stochastic rounding's bits (the Trainer's `seed`). Not saved: the run sets it. Host only.
+  void set_low_precision_update(LowPrecisionUpdate rule, std::uint64_t stochastic_rounding_seed) {
+    low_precision_update_ = rule;
+    stochastic_rounding_seed_ = stochastic_rounding_seed;
+  }
+  LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
+
+ private:
+  LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
+  std::uint64_t stochastic_rounding_seed_ = 0;
 };
 
 }  // namespace mantissa::optim

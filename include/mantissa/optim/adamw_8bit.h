@@ -9,6 +9,7 @@
 #include <torch/serialize/archive.h>
 
 #include <mantissa/arg.h>
+#include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa::optim {
 
@@ -60,6 +61,9 @@ struct AdamW8bitParamState
   MANTISSA_ARG(at::Tensor, exp_avg);
   /// Python: `state["exp_avg_sq"]` of a tensor that is not quantised.
   MANTISSA_ARG(at::Tensor, exp_avg_sq);
+  /// The part of the updates a bf16/fp16 parameter lost to rounding, in its dtype: only under
+  /// `LowPrecisionUpdate::kKahan` (FusedAdamW's `kahan_comp`). torchao has no such key.
+  MANTISSA_ARG(at::Tensor, kahan_comp);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -74,7 +78,8 @@ at::Tensor adamw8bit_qmap(bool is_signed);
 /// AdamW with both moments quantised to 8 bits block by block (Dettmers et al., 2021), as
 /// torchao computes it: the moments are dequantised, updated in fp32, requantised to the nearest
 /// code, and the fp32 values (not the requantised ones) form this step's update. bf16/fp16
-/// parameters are updated in fp32 and rounded back to nearest. Python:
+/// parameters are updated in fp32 and written back by `low_precision_update` (nearest by
+/// default; Kahan compensation or stochastic rounding as FusedAdamW writes them). Python:
 /// `torchao.optim.AdamW8bit(params, lr, betas, eps, weight_decay, block_size=256)` (HF's
 /// `--optim adamw_torch_8bit`). `step()` does not sync with the device.
 class AdamW8bit : public torch::optim::Optimizer {
@@ -90,6 +95,18 @@ class AdamW8bit : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Reads `save`'s archive; the state moves to its parameter's device.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// How bf16/fp16 parameters receive their fp32 result (`kNearest` until set), and the key of
+  /// stochastic rounding's bits (the Trainer's `seed`). Not saved: the run sets it. Host only.
+  void set_low_precision_update(LowPrecisionUpdate rule, std::uint64_t stochastic_rounding_seed) {
+    low_precision_update_ = rule;
+    stochastic_rounding_seed_ = stochastic_rounding_seed;
+  }
+  LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
+
+ private:
+  LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
+  std::uint64_t stochastic_rounding_seed_ = 0;
 };
 
 }  // namespace mantissa::optim

@@ -31,7 +31,8 @@ StateTensors adafactor_tensors(const torch::optim::OptimizerParamState& base) {
   return {{"exp_avg_sq_row", state->exp_avg_sq_row(), true, /*param_shaped=*/false},
           {"exp_avg_sq_col", state->exp_avg_sq_col(), true, /*param_shaped=*/false},
           {"exp_avg_sq", state->exp_avg_sq(), /*non_negative=*/true},
-          {"exp_avg", state->exp_avg()}};
+          {"exp_avg", state->exp_avg()},
+          {"kahan_comp", state->kahan_comp()}};
 }
 
 std::vector<GroupOption> adafactor_group_options(const torch::optim::OptimizerOptions& base) {
@@ -54,7 +55,10 @@ OptimizerSpec adafactor_spec() {
   spec.family = "Adafactor";
   spec.family_marks = {"clip_threshold", "decay_rate"};
   spec.build = [](OptimizerBuildInputs inputs) -> std::unique_ptr<torch::optim::Optimizer> {
-    return build_in_decay_groups<Adafactor>(inputs, adafactor_options(inputs.args));
+    auto built = build_in_decay_groups<Adafactor>(inputs, adafactor_options(inputs.args));
+    built->set_low_precision_update(inputs.low_precision_update,
+                                    static_cast<std::uint64_t>(inputs.args.seed()));
+    return built;
   };
   spec.check_arguments = [](const TrainingArguments& args) { adafactor_options(args); };
   spec.state_tensors = &adafactor_tensors;
@@ -64,6 +68,7 @@ OptimizerSpec adafactor_spec() {
     return static_cast<double>(state->step());
   };
   spec.group_options = &adafactor_group_options;
+  spec.low_precision_rules = true;
   return spec;
 }
 

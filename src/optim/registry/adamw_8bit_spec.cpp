@@ -37,7 +37,8 @@ StateTensors adamw_8bit_tensors(const torch::optim::OptimizerParamState& base) {
           exp_avg_sq_codes,
           {"exp_avg_sq_scale", state->exp_avg_sq_scale(), true, /*param_shaped=*/false},
           {"exp_avg", state->exp_avg()},
-          {"exp_avg_sq", state->exp_avg_sq(), /*non_negative=*/true}};
+          {"exp_avg_sq", state->exp_avg_sq(), /*non_negative=*/true},
+          {"kahan_comp", state->kahan_comp()}};
 }
 
 std::vector<GroupOption> adamw_8bit_group_options(const torch::optim::OptimizerOptions& base) {
@@ -59,10 +60,14 @@ OptimizerSpec adamw_8bit_spec() {
   spec.family = "AdamW8bit";
   spec.family_marks = {"betas", "block_size"};
   spec.build = [](OptimizerBuildInputs inputs) -> std::unique_ptr<torch::optim::Optimizer> {
-    return build_in_decay_groups<AdamW8bit>(inputs, adamw_8bit_options(inputs.args));
+    auto built = build_in_decay_groups<AdamW8bit>(inputs, adamw_8bit_options(inputs.args));
+    built->set_low_precision_update(inputs.low_precision_update,
+                                    static_cast<std::uint64_t>(inputs.args.seed()));
+    return built;
   };
   spec.check_arguments = [](const TrainingArguments& args) { adamw_8bit_options(args); };
   spec.state_tensors = &adamw_8bit_tensors;
+  spec.low_precision_rules = true;
   spec.steps = [](const torch::optim::OptimizerParamState& base) -> std::optional<double> {
     const auto* state = dynamic_cast<const AdamW8bitParamState*>(&base);
     if (state == nullptr || !state->step().defined()) return std::nullopt;
