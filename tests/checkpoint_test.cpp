@@ -316,6 +316,22 @@ TEST(CheckpointTest, NonFiniteMasterWeightsAreAnErrorNamingTheValue) {
                           "nan, at flat index 3)"))));
 }
 
+// What a checkpoint of `trainer`'s run holds, with `state`, `scaler` and `args` standing in for
+// the Trainer's own (tests change them).
+mantissa::detail::CheckpointParts parts_of(Trainer& trainer, torch::nn::Module& model,
+                                           mantissa::TrainerState& state,
+                                           mantissa::amp::GradScaler& scaler,
+                                           const TrainingArguments& args) {
+  mantissa::detail::CheckpointParts parts;
+  parts.model = &model;
+  parts.optimizer = &trainer.optimizer();
+  parts.scheduler = &trainer.lr_scheduler();
+  parts.scaler = &scaler;
+  parts.state = &state;
+  parts.args = &args;
+  return parts;
+}
+
 TEST(CheckpointTest, ARankTheSavingRunDidNotHaveStartsItsRandomStateAfresh) {
   // A checkpoint of one process (rng_state.pth), restored as rank 0 and rank 1 of 2.
   const auto run = saved_run();
@@ -326,13 +342,7 @@ TEST(CheckpointTest, ARankTheSavingRunDidNotHaveStartsItsRandomStateAfresh) {
     Trainer trainer(model, TrainingArguments(run.args).max_steps(8), ToyDataset(100));
     auto state = trainer.state();
     mantissa::amp::GradScaler scaler(mantissa::amp::GradScalerOptions().enabled(false));  // fp32
-    mantissa::detail::CheckpointParts parts;
-    parts.model = model.ptr().get();
-    parts.optimizer = &trainer.optimizer();
-    parts.scheduler = &trainer.lr_scheduler();
-    parts.scaler = &scaler;
-    parts.state = &state;
-    parts.args = &run.args;
+    auto parts = parts_of(trainer, *model, state, scaler, run.args);
     parts.process_index = rank;
     parts.num_processes = 2;
     torch::manual_seed(12345);  // not the saved state
@@ -538,13 +548,7 @@ TEST(CheckpointTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
   auto state = trainer.state();
   state.global_step = 8;
   mantissa::amp::GradScaler scaler;
-  mantissa::detail::CheckpointParts parts;
-  parts.model = model.ptr().get();
-  parts.optimizer = &trainer.optimizer();
-  parts.scheduler = &trainer.lr_scheduler();
-  parts.scaler = &scaler;
-  parts.state = &state;
-  parts.args = &run.args;
+  auto parts = parts_of(trainer, *model, state, scaler, run.args);
   mantissa::detail::FileFaults faults;
   std::vector<std::string> written;
   faults.before_write = [&](const std::string& path) {
@@ -593,13 +597,7 @@ TEST(CheckpointTest, ARegisteredPieceIsWrittenAndReadBesideTheOthersInOneOrder) 
   mantissa::amp::GradScaler scaler(mantissa::amp::GradScalerOptions().enabled(false));
   int saved_value = 42;
   const mantissa::detail::SavedStates pieces{counter_piece(saved_value)};
-  mantissa::detail::CheckpointParts parts;
-  parts.model = model.ptr().get();
-  parts.optimizer = &trainer.optimizer();
-  parts.scheduler = &trainer.lr_scheduler();
-  parts.scaler = &scaler;
-  parts.state = &state;
-  parts.args = &run.args;
+  auto parts = parts_of(trainer, *model, state, scaler, run.args);
   parts.saved_states = &pieces;
   mantissa::detail::FileFaults faults;
   std::vector<std::string> written;
@@ -607,10 +605,9 @@ TEST(CheckpointTest, ARegisteredPieceIsWrittenAndReadBesideTheOthersInOneOrder) 
     written.push_back(path.substr(path.rfind('/') + 1));
   };
   const auto folder = mantissa::detail::save_checkpoint(run.dir, parts, faults);
-  EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt",
-                                               "scheduler.pt", "scaler.pt", "counter.txt",
-                                               "trainer_state.json", "training_args.json",
-                                               "rng_state.pth"}));
+  EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt", "scheduler.pt",
+                                               "scaler.pt", "counter.txt", "trainer_state.json",
+                                               "training_args.json", "rng_state.pth"}));
 
   // Read back into another value; without the file, the piece decides.
   int loaded_value = 0;

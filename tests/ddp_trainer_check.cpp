@@ -40,25 +40,27 @@ std::int64_t latest_checkpoint_step(const std::string& dir) {
 // uninterrupted ones did.
 bool check_resume_bitwise(const Launch& l, const std::vector<std::string>& extra,
                           const std::string& tag) {
-  const std::vector<std::string> flags = std::vector<std::string>{
-      "--dropout", "0.2", "--per_device_train_batch_size", "32", "--save_steps", "4"} + extra;
+  const std::vector<std::string> flags =
+      std::vector<std::string>{"--dropout", "0.2",          "--per_device_train_batch_size",
+                               "32",        "--save_steps", "4"} +
+      extra;
   const auto run = [&](const std::string& name, const std::vector<std::string>& more) {
     const auto out = l.dir + "/" + tag + "-" + name;
-    return all_zero(run_ranks(l, 2,
-                              flags + common_flags(out) +
-                                  std::vector<std::string>{"--save_strategy", "steps",
-                                                           "--results", out + ".st"} +
-                                  more,
-                              out));
+    return all_zero(run_ranks(
+        l, 2,
+        flags + common_flags(out) +
+            std::vector<std::string>{"--save_strategy", "steps", "--results", out + ".st"} + more,
+        out));
   };
   bool ok = run("full", {});
-  ok &= ok && run("resumed", {"--resume_from_checkpoint", l.dir + "/" + tag + "-full/checkpoint-4"});
+  ok &=
+      ok && run("resumed", {"--resume_from_checkpoint", l.dir + "/" + tag + "-full/checkpoint-4"});
   for (int r = 0; ok && r < 2; ++r) {
     const auto suffix = ".st.rank" + std::to_string(r);
-    ok &= same_weights(load_results(l.dir + "/" + tag + "-full" + suffix),
-                       load_results(l.dir + "/" + tag + "-resumed" + suffix), 0, 0,
-                       tag + ": uninterrupted vs resumed, rank " + std::to_string(r) +
-                           " (bitwise)");
+    ok &=
+        same_weights(load_results(l.dir + "/" + tag + "-full" + suffix),
+                     load_results(l.dir + "/" + tag + "-resumed" + suffix), 0, 0,
+                     tag + ": uninterrupted vs resumed, rank " + std::to_string(r) + " (bitwise)");
   }
   return ok;
 }
@@ -313,9 +315,9 @@ int run_check(const std::string& scenario, Launch l) {
                      "--ddp_find_unused_parameters false",
                      "rank " + std::to_string(r) + "'s error");
     }
-    ok = ok && check_equivalence(
-                   l, {"--gradient_checkpointing", "--ddp_find_unused_parameters", "false"}, 32,
-                   1e-5, false);
+    ok = ok &&
+         check_equivalence(l, {"--gradient_checkpointing", "--ddp_find_unused_parameters", "false"},
+                           32, 1e-5, false);
   } else if (scenario == "mismatched_model") {
     const auto status = run_ranks(
         l, 2, std::vector<std::string>{"--results", l.dir + "/r.st"} + common_flags(l.dir + "/out"),

@@ -119,8 +119,11 @@ TEST(LowPrecisionTrainerTest, ResumedRunContinuesBitForBitUnderEachRule) {
 
 TEST(LowPrecisionTrainerTest, ANonFiniteKahanCompensationIsRefusedOnResume) {
   const auto dir = mantissa_test::toy_output_dir();
-  const auto args =
-      pure_bf16_args(dir).low_precision_update("kahan").max_steps(4).save_strategy("steps").save_steps(4);
+  const auto args = pure_bf16_args(dir)
+                        .low_precision_update("kahan")
+                        .max_steps(4)
+                        .save_strategy("steps")
+                        .save_steps(4);
   Trainer trainer(bf16_toy_model(), args, ToyDataset(100));
   trainer.train();
   // The saved optimizer state with one compensation entry made NaN, written over optimizer.pt.
@@ -134,19 +137,19 @@ TEST(LowPrecisionTrainerTest, ANonFiniteKahanCompensationIsRefusedOnResume) {
   optimizer.save(archive);
   archive.save_to(dir + "/checkpoint-4/optimizer.pt");
 
-  Trainer resumed(bf16_toy_model(), TrainingArguments(args).output_dir(mantissa_test::toy_output_dir()),
+  Trainer resumed(bf16_toy_model(),
+                  TrainingArguments(args).output_dir(mantissa_test::toy_output_dir()),
                   ToyDataset(100));
   EXPECT_THAT([&] { resumed.train(dir + "/checkpoint-4"); },
-              ThrowsMessage<c10::ValueError>(AllOf(HasSubstr("optimizer.pt"),
-                                                   HasSubstr("the state 'kahan_comp' of parameter 0"),
-                                                   HasSubstr("holds NaN or infinite values: 1 of its"))));
+              ThrowsMessage<c10::ValueError>(AllOf(
+                  HasSubstr("optimizer.pt"), HasSubstr("the state 'kahan_comp' of parameter 0"),
+                  HasSubstr("holds NaN or infinite values: 1 of its"))));
 }
 
 TEST(LowPrecisionTrainerTest, CompensatedRulesNeedFusedAdamW) {
-  EXPECT_THAT(
-      [] { TrainingArguments().optim("sgd").low_precision_update("kahan").validate(); },
-      ::testing::ThrowsMessage<c10::ValueError>(HasSubstr(
-          "low_precision_update kahan is not a rule optim sgd has")));
+  EXPECT_THAT([] { TrainingArguments().optim("sgd").low_precision_update("kahan").validate(); },
+              ::testing::ThrowsMessage<c10::ValueError>(
+                  HasSubstr("low_precision_update kahan is not a rule optim sgd has")));
   EXPECT_NO_THROW(TrainingArguments().optim("sgd").low_precision_update("nearest").validate());
   // auto falls back to nearest for an optimizer without compensated rules.
   Trainer trainer(bf16_toy_model(),

@@ -48,8 +48,8 @@ TEST(LowPrecisionWriteTest, StochasticRoundingIsRightOnAverageAndAFunctionOfItsK
   EXPECT_TRUE(torch::logical_or(up, a.to(torch::kDouble).eq(1.0)).all().item<bool>());
   EXPECT_NEAR(a.to(torch::kDouble).mean().item<double>(), 1.0 + kStep, 5e-5);
   EXPECT_TRUE(torch::equal(a, write({7, 3, 11}))) << "the same key draws the same bits";
-  for (const RoundingKey other : {RoundingKey{8, 3, 11}, RoundingKey{7, 4, 11},
-                                  RoundingKey{7, 3, 12}}) {
+  for (const RoundingKey other :
+       {RoundingKey{8, 3, 11}, RoundingKey{7, 4, 11}, RoundingKey{7, 3, 12}}) {
     EXPECT_FALSE(torch::equal(a, write(other)));
   }
   // A non-contiguous parameter gets the same values as a contiguous one.

@@ -223,8 +223,7 @@ TEST_P(NewOptimizerTrainerTest, RefusesWhatItCannotRun) {
         ThrowsMessage<c10::ValueError>(HasSubstr("not a rule optim muon has")));
   } else {
     EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("kahan").validate());
-    EXPECT_NO_THROW(
-        TrainingArguments(base).low_precision_update("stochastic_rounding").validate());
+    EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("stochastic_rounding").validate());
   }
   EXPECT_THAT([&] { TrainingArguments(base).fsdp("shard_grad_op").validate(); },
               ThrowsMessage<c10::ValueError>(

@@ -289,8 +289,8 @@ struct Sharded {
                                                 env.world_size, kBucketCapBytes);
     grads = std::make_unique<sh::GradientReduceScatter>(*flat, group);
     auto built = shard_optimizer(*flat, mode);
-    shards = std::make_unique<sh::ShardedAdamW>(*flat, *grads, built.optimizer,
-                                                built.masters.get(), group);
+    shards = std::make_unique<sh::ShardedAdamW>(*flat, *grads, built.optimizer, built.masters.get(),
+                                                group);
     if (mode.scaler) {
       scaler = std::make_unique<GradScaler>(GradScalerOptions().init_scale(1024.));
       scaler->set_found_inf_reduction([this](at::Tensor& f) { shards->agree_found_inf_(f); });

@@ -285,8 +285,9 @@ TEST(TrainerHfApiTest, LoadBestModelAtEndWithoutAnEvaluationInTheRunSaysSoAtStar
   bool at_start = false;
   bool at_end = false;
   for (const auto& message : warnings.messages) {
-    at_start |= message.find("no evaluation falls within this run (eval_strategy steps, "
-                             "eval_steps 50, steps 0 to 20)") != std::string::npos;
+    at_start |= message.find(
+                    "no evaluation falls within this run (eval_strategy steps, "
+                    "eval_steps 50, steps 0 to 20)") != std::string::npos;
     at_end |= message.find("no best model was found") != std::string::npos;
   }
   EXPECT_TRUE(at_start);

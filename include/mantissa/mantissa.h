@@ -25,13 +25,13 @@
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>
+#include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/model_forward.h>
 #include <mantissa/model_output.h>
 #include <mantissa/nn/attention.h>
 #include <mantissa/nn/checkpoint.h>
 #include <mantissa/nn/gelu.h>
 #include <mantissa/nn/linear_cross_entropy.h>
-#include <mantissa/memory/cpu_caching_allocator.h>
 #include <mantissa/nn/multihead_attention.h>
 #include <mantissa/nn/pretrained_config.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>

@@ -180,12 +180,12 @@ at::Tensor Adafactor::step(LossClosure closure) {
       }
       target.sub_(update);
       if (low_precision) {
-        if (low_precision_update_ == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
+        if (low_precision_update() == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
           state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
         }
         detail::write_low_precision_(
-            p, target, low_precision_update_, state.kahan_comp(),
-            {stochastic_rounding_seed_, tensor_index, static_cast<std::uint32_t>(state.step())},
+            p, target, low_precision_update(), state.kahan_comp(),
+            {stochastic_rounding_seed(), tensor_index, static_cast<std::uint32_t>(state.step())},
             "Adafactor");
       }
     }

@@ -305,20 +305,20 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
       const auto denom = v.sqrt() / bias_correction2.sqrt() + o.eps();
       p32 = p32 - lr * (m / bias_correction1) / denom;
       const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
-      if (!low_precision || low_precision_update_ == LowPrecisionUpdate::kNearest) {
+      if (!low_precision || low_precision_update() == LowPrecisionUpdate::kNearest) {
         p.copy_(p32);
         continue;
       }
-      if (low_precision_update_ == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
+      if (low_precision_update() == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
         state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
       }
       // The step count keys stochastic rounding's bits (a sync on a GPU, whose write goes
       // through the host anyway).
-      const auto step = low_precision_update_ == LowPrecisionUpdate::kStochasticRounding
+      const auto step = low_precision_update() == LowPrecisionUpdate::kStochasticRounding
                             ? static_cast<std::uint32_t>(state.step().item<float>())
                             : 0u;
-      detail::write_low_precision_(p, p32, low_precision_update_, state.kahan_comp(),
-                                   {stochastic_rounding_seed_, tensor_index, step}, "AdamW8bit");
+      detail::write_low_precision_(p, p32, low_precision_update(), state.kahan_comp(),
+                                   {stochastic_rounding_seed(), tensor_index, step}, "AdamW8bit");
     }
   }
   return loss;

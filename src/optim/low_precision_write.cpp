@@ -35,8 +35,8 @@ void write_elements(std::uint16_t* param, const float* target, std::uint16_t* co
 }  // namespace
 
 void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
-                          LowPrecisionUpdate rule, const at::Tensor& comp,
-                          const RoundingKey& key, const char* optimizer) {
+                          LowPrecisionUpdate rule, const at::Tensor& comp, const RoundingKey& key,
+                          const char* optimizer) {
   const bool bf16 = param.scalar_type() == at::kBFloat16;
   TORCH_INTERNAL_ASSERT(bf16 || param.scalar_type() == at::kHalf);
   TORCH_INTERNAL_ASSERT(target.scalar_type() == at::kFloat && target.sizes() == param.sizes());
@@ -57,8 +57,9 @@ void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
     if (c_host.defined()) comp.copy_(c_host);
     return;
   }
-  TORCH_INTERNAL_ASSERT(rule != LowPrecisionUpdate::kKahan ||
-                        (comp.scalar_type() == param.scalar_type() && comp.sizes() == param.sizes()));
+  TORCH_INTERNAL_ASSERT(
+      rule != LowPrecisionUpdate::kKahan ||
+      (comp.scalar_type() == param.scalar_type() && comp.sizes() == param.sizes()));
   // Written in place when contiguous, else through a contiguous copy.
   auto out = param.is_contiguous() ? param : param.contiguous();
   const auto in = target.contiguous();

@@ -29,7 +29,7 @@ struct RoundingKey {
 /// stochastic rounding are computed on the host: a CUDA tensor goes there and back (a sync,
 /// warned about once, naming `optimizer`); no sync on the CPU.
 void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
-                          LowPrecisionUpdate rule, const at::Tensor& comp,
-                          const RoundingKey& key, const char* optimizer);
+                          LowPrecisionUpdate rule, const at::Tensor& comp, const RoundingKey& key,
+                          const char* optimizer);
 
 }  // namespace mantissa::optim::detail

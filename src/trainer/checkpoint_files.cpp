@@ -101,8 +101,11 @@ void read_masters(const std::string& path, amp::MasterWeights& masters) {
   masters.load(archive);
 }
 
-// Writes `archive` at `path` atomically.
-void save_archive(const std::string& path, torch::serialize::OutputArchive& archive) {
+// Writes what `object.save(archive)` puts into a LibTorch archive at `path`, atomically.
+template <typename Saves>
+void save_archive(const std::string& path, const Saves& object) {
+  torch::serialize::OutputArchive archive;
+  object.save(archive);
   std::ostringstream bytes;
   archive.save_to(bytes);
   io::write_file_atomically(path, bytes.str());
@@ -111,11 +114,7 @@ void save_archive(const std::string& path, torch::serialize::OutputArchive& arch
 SavedState optimizer_piece(torch::optim::Optimizer& optimizer) {
   SavedState piece;
   piece.file = "optimizer.pt";
-  piece.save = [&optimizer](const std::string& path) {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    save_archive(path, archive);
-  };
+  piece.save = [&optimizer](const std::string& path) { save_archive(path, optimizer); };
   piece.load = [&optimizer](const std::string& path) {
     torch::serialize::InputArchive archive;
     io::load_torch_archive(path, archive);
@@ -148,11 +147,7 @@ SavedState scaler_piece(amp::GradScaler& scaler) {
 SavedState masters_piece(amp::MasterWeights& masters) {
   SavedState piece;
   piece.file = "master_weights.pt";
-  piece.save = [&masters](const std::string& path) {
-    torch::serialize::OutputArchive archive;
-    masters.save(archive);
-    save_archive(path, archive);
-  };
+  piece.save = [&masters](const std::string& path) { save_archive(path, masters); };
   piece.load = [&masters](const std::string& path) { read_masters(path, masters); };
   return piece;
 }

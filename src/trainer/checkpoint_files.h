@@ -130,8 +130,7 @@ void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& p
 /// the file is absent). What `load_best_model_at_end` does. A missing or corrupt file raises a
 /// c10::Error naming it. Syncs.
 void load_checkpoint_weights(const std::string& checkpoint_dir,
-                             const ModelFileLoader& load_model_file,
-                             amp::MasterWeights* masters);
+                             const ModelFileLoader& load_model_file, amp::MasterWeights* masters);
 
 /// The arguments a checkpoint was saved with (`training_args.json`, read without validating
 /// them against this machine), or nullopt when the folder has none (a checkpoint of HF's

@@ -42,9 +42,9 @@ std::vector<std::string> differing_fields(const std::string& mine, const std::st
 
 }  // namespace
 
-std::shared_ptr<Collectives> Collectives::join_if_launched(
-    distributed::DistributedEnvironment env, const TrainingArguments& args,
-    const c10::Device& device) {
+std::shared_ptr<Collectives> Collectives::join_if_launched(distributed::DistributedEnvironment env,
+                                                           const TrainingArguments& args,
+                                                           const c10::Device& device) {
   if (!env.is_distributed()) return nullptr;
   const auto backend = args.resolved_ddp_backend(device);
   static std::mutex mutex;

@@ -76,8 +76,7 @@ OptimizerParams weight_decay_params(const std::vector<torch::Tensor>& params,
 }
 
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
-                                        const OptimizerParams& params,
-                                        amp::MasterWeights* masters,
+                                        const OptimizerParams& params, amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,
                                         const OptimizerFactory& factory) {
   TORCH_CHECK_VALUE(!params.groups.empty(), "the model has no parameter that requires grad");
@@ -87,10 +86,9 @@ TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
   }
   const bool first_group_decays = params.first_group_decays;
   TrainerOptimizer result;
-  result.optimizer =
-      factory ? factory(std::move(groups))
-              : build_named(args, std::move(groups), first_group_decays, masters,
-                            low_precision_update, params.names);
+  result.optimizer = factory ? factory(std::move(groups))
+                             : build_named(args, std::move(groups), first_group_decays, masters,
+                                           low_precision_update, params.names);
   TORCH_CHECK_VALUE(result.optimizer != nullptr, "the optimizer factory returned null");
   for (const auto& group : result.optimizer->param_groups()) {
     result.params.insert(result.params.end(), group.params().begin(), group.params().end());

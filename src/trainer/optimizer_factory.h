@@ -65,8 +65,7 @@ struct TrainerOptimizer {
 /// them back in its own pass. Python: `Trainer.create_optimizer`. Throws `c10::ValueError`
 /// when there is nothing to optimize or the factory returns null.
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
-                                        const OptimizerParams& params,
-                                        amp::MasterWeights* masters,
+                                        const OptimizerParams& params, amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,
                                         const OptimizerFactory& factory);
 

@@ -7,8 +7,8 @@
 
 namespace mantissa::detail {
 
-std::optional<OptimizerStateSize> measure_optimizer_state(
-    const torch::optim::Optimizer& optimizer, const amp::MasterWeights* masters) {
+std::optional<OptimizerStateSize> measure_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                                          const amp::MasterWeights* masters) {
   const auto* spec = optim::find_optimizer_of(optimizer);
   if (spec == nullptr || !spec->state_tensors) return std::nullopt;
   OptimizerStateSize size;
@@ -19,7 +19,8 @@ std::optional<OptimizerStateSize> measure_optimizer_state(
       const auto it = optimizer.state().find(param.unsafeGetTensorImpl());
       if (it == optimizer.state().end()) continue;
       for (const auto& tensor : spec->state_tensors(*it->second)) {
-        if (tensor.value.defined()) size.state_bytes += static_cast<std::int64_t>(tensor.value.nbytes());
+        if (tensor.value.defined())
+          size.state_bytes += static_cast<std::int64_t>(tensor.value.nbytes());
       }
     }
   }
@@ -27,7 +28,8 @@ std::optional<OptimizerStateSize> measure_optimizer_state(
     const auto& model = masters->model_params();
     const auto& fp32 = masters->master_params();
     for (std::size_t i = 0; i < fp32.size(); ++i) {
-      if (!fp32[i].is_same(model[i])) size.master_bytes += static_cast<std::int64_t>(fp32[i].nbytes());
+      if (!fp32[i].is_same(model[i]))
+        size.master_bytes += static_cast<std::int64_t>(fp32[i].nbytes());
     }
   }
   return size;
@@ -49,14 +51,14 @@ std::string count(std::int64_t n) {
 }  // namespace
 
 std::string describe_optimizer_state_size(const OptimizerStateSize& size) {
-  const double per_parameter =
-      size.parameters > 0
-          ? static_cast<double>(size.state_bytes) / static_cast<double>(size.parameters)
-          : 0.0;
+  const double per_parameter = size.parameters > 0 ? static_cast<double>(size.state_bytes) /
+                                                         static_cast<double>(size.parameters)
+                                                   : 0.0;
   auto line = fmt::format(
       "mantissa: optimizer {} holds {} of state ({:.2f} bytes per parameter, {} parameters)",
       size.optimizer, bytes_text(size.state_bytes), per_parameter, count(size.parameters));
-  if (size.master_bytes > 0) line += fmt::format("; fp32 masters {} more", bytes_text(size.master_bytes));
+  if (size.master_bytes > 0)
+    line += fmt::format("; fp32 masters {} more", bytes_text(size.master_bytes));
   return line;
 }
 

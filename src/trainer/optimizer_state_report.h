@@ -23,8 +23,8 @@ struct OptimizerStateSize {
 /// Counts what `optimizer` holds now through its registry entry's `state_tensors` (0 bytes
 /// before its first step), and what `masters` (may be null) add. Nullopt for an optimizer the
 /// registry does not describe. No sync.
-std::optional<OptimizerStateSize> measure_optimizer_state(
-    const torch::optim::Optimizer& optimizer, const amp::MasterWeights* masters);
+std::optional<OptimizerStateSize> measure_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                                          const amp::MasterWeights* masters);
 
 /// One line for the log: "mantissa: optimizer adafactor holds 1.23 MiB of state (4.00 bytes
 /// per parameter, 322.0k parameters); fp32 masters 1.23 MiB more". Pure.

@@ -80,9 +80,10 @@ std::string ShardedDataParallel::describe() const {
   const auto where = fmt::format(" x {} processes ({}, rank {}, ", world_size(),
                                  distributed::backend_name(collectives().backend()), rank());
   if (!full()) return where + "fsdp shard_grad_op: gradients and optimizer state sharded)";
-  return where + fmt::format("fsdp full sharding: parameters, gradients and optimizer state "
-                             "sharded, gathered per unit: {} block(s) and the root)",
-                             blocks_.size());
+  return where + fmt::format(
+                     "fsdp full sharding: parameters, gradients and optimizer state "
+                     "sharded, gathered per unit: {} block(s) and the root)",
+                     blocks_.size());
 }
 
 void ShardedDataParallel::prepare_model(torch::nn::Module& module) {
@@ -121,9 +122,8 @@ ForwardScope ShardedDataParallel::forward_context(const ForwardPass& pass) {
   if (units_ == nullptr) return {};
   units_->check_blocks_ran();
   units_->begin_forward();
-  return ForwardScope([units = units_.get(), training = pass.training] {
-    units->end_forward(training);
-  });
+  return ForwardScope(
+      [units = units_.get(), training = pass.training] { units->end_forward(training); });
 }
 
 void ShardedDataParallel::before_backward(const torch::Tensor& /*loss*/, bool sync) {
@@ -165,12 +165,13 @@ OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module)
   const auto& group = collectives().group();
   if (full()) {
     const auto inputs = unit_inputs(whole.groups);
-    flat_ = std::make_unique<sharded::FlatParameters>(
-        inputs, rank(), world_size(), std::numeric_limits<std::int64_t>::max(),
-        sharded::FlatStorage::kShardsOnly);
+    flat_ = std::make_unique<sharded::FlatParameters>(inputs, rank(), world_size(),
+                                                      std::numeric_limits<std::int64_t>::max(),
+                                                      sharded::FlatStorage::kShardsOnly);
     // The global norm sums the per-parameter norms in data parallel's order: group by group.
     std::unordered_map<const c10::TensorImpl*, std::size_t> index;
-    for (std::size_t i = 0; i < inputs.size(); ++i) index[inputs[i].tensor.unsafeGetTensorImpl()] = i;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      index[inputs[i].tensor.unsafeGetTensorImpl()] = i;
     std::vector<std::size_t> order;
     for (const auto& params : whole.groups) {
       for (const auto& p : params) order.push_back(index.at(p.unsafeGetTensorImpl()));
@@ -186,8 +187,8 @@ OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module)
     malloc_trim(0);
 #endif
   } else {
-    flat_ = std::make_unique<sharded::FlatParameters>(
-        whole.groups, rank(), world_size(), args().resolved_ddp_bucket_cap_mb() * kMiB);
+    flat_ = std::make_unique<sharded::FlatParameters>(whole.groups, rank(), world_size(),
+                                                      args().resolved_ddp_bucket_cap_mb() * kMiB);
   }
   // This process's shard of each bucket, in bucket order, and grouped as the buckets are.
   OptimizerParams shards;
@@ -275,7 +276,6 @@ void ShardedDataParallel::after_optimizer_step() {
   if (!full()) shards_->all_gather_params();
 }
 
-
 std::pair<std::int64_t, std::int64_t> ShardedDataParallel::optimizer_state_bytes() const {
   std::int64_t mine = 0;
   std::int64_t unsharded = 0;
@@ -316,10 +316,10 @@ std::string ShardedDataParallel::describe_optimizer_state() const {
         "shards of {} units, {} padding elements); gathering adds the root's {} for a step "
         "and a block's {} at most (two blocks at once while the next one's gather overlaps); "
         "data parallel would hold {} + {} + {} on every process",
-        rank(), bytes_text(shard_bytes), bytes_text(shard_bytes), bytes_text(mine),
-        world_size(), units_->size(), layout.padding_numel(),
-        bytes_text(units_->gathered_bytes(0)), bytes_text(block_gather), bytes_text(whole_bytes),
-        bytes_text(whole_bytes), bytes_text(unsharded));
+        rank(), bytes_text(shard_bytes), bytes_text(shard_bytes), bytes_text(mine), world_size(),
+        units_->size(), layout.padding_numel(), bytes_text(units_->gathered_bytes(0)),
+        bytes_text(block_gather), bytes_text(whole_bytes), bytes_text(whole_bytes),
+        bytes_text(unsharded));
   }
   return fmt::format(
       "mantissa: optimizer state per process {} (its 1/{} shard of {} buckets, {} padding "

@@ -81,8 +81,7 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   void finish_gradients() override;
   bool unscales_before_step() const override { return true; }
   /// The global norm from every process's shards (one allreduce).
-  torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params,
-                                double max_norm) override;
+  torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm) override;
   /// shard_grad_op: all-gathers the updated shards into every process's parameters. A
   /// collective. Full sharding: nothing (the next forward gathers).
   void after_optimizer_step() override;
@@ -157,8 +156,8 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
       const std::vector<std::vector<torch::Tensor>>& groups) const;
 
   FsdpSettings settings_;
-  torch::nn::Module* module_ = nullptr;  ///< set by prepare_model
-  PrecisionPlan plan_;                   ///< set by setup_optimizer
+  torch::nn::Module* module_ = nullptr;     ///< set by prepare_model
+  PrecisionPlan plan_;                      ///< set by setup_optimizer
   std::vector<sharded::BlockUnit> blocks_;  ///< full sharding: units 1.., from prepare_model
   std::shared_ptr<UnitRunner> runner_;      ///< full sharding: installed on the model
   std::unique_ptr<sharded::FlatParameters> flat_;

@@ -79,21 +79,19 @@ void ShardedDataParallel::load_model_from(torch::nn::Module& module,
   for (const auto& name : source.names()) {
     if (expected.count(name) == 0) unexpected.push_back(name);
   }
-  TORCH_CHECK_VALUE(missing.empty() && unexpected.empty(), "Error(s) in loading state_dict for ",
-                    module.name(), origin, ": Missing key(s) in state_dict: ",
-                    fmt::format("{}", fmt::join(missing, ", ")),
-                    "; Unexpected key(s) in state_dict: ",
-                    fmt::format("{}", fmt::join(unexpected, ", ")));
+  TORCH_CHECK_VALUE(
+      missing.empty() && unexpected.empty(), "Error(s) in loading state_dict for ", module.name(),
+      origin, ": Missing key(s) in state_dict: ", fmt::format("{}", fmt::join(missing, ", ")),
+      "; Unexpected key(s) in state_dict: ", fmt::format("{}", fmt::join(unexpected, ", ")));
   for (const auto& [name, tensor] : state) {
     const auto flat = flat_index.find(tensor.unsafeGetTensorImpl());
     const auto shape = flat != flat_index.end() ? flat_->shape(flat->second) : tensor.sizes().vec();
-    TORCH_CHECK_VALUE(source.shape(name) == shape, "size mismatch for ", name,
-                      ": the saved tensor", origin, " has shape ",
-                      c10::IntArrayRef(source.shape(name)), ", the model's has shape ",
-                      c10::IntArrayRef(shape));
+    TORCH_CHECK_VALUE(source.shape(name) == shape, "size mismatch for ", name, ": the saved tensor",
+                      origin, " has shape ", c10::IntArrayRef(source.shape(name)),
+                      ", the model's has shape ", c10::IntArrayRef(shape));
     TORCH_CHECK_VALUE(source.dtype(name) == tensor.scalar_type(), "dtype mismatch for ", name,
-                      ": the saved tensor", origin, " is ", source.dtype(name),
-                      ", the model's is ", tensor.scalar_type());
+                      ": the saved tensor", origin, " is ", source.dtype(name), ", the model's is ",
+                      tensor.scalar_type());
   }
   torch::NoGradGuard no_grad;
   if (units_ != nullptr) units_->release_all();  // a gathered copy would hide the new values
@@ -276,8 +274,7 @@ void ShardedDataParallel::load_full_checkpoint(const std::string& dir,
   sharded::scatter_full_state(*shards_, state);
 }
 
-void ShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module,
-                                                  const std::string& dir,
+void ShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module, const std::string& dir,
                                                   amp::MasterWeights* masters) {
   TORCH_INTERNAL_ASSERT(masters == nullptr, "ShardedDataParallel keeps the masters itself");
   checkpoint_io().load(dir, [&] {

@@ -73,8 +73,7 @@ void Strategy::check_not_sharded(const std::string& dir) {
                     "FULL_STATE_DICT");
 }
 
-torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params,
-                                        double max_norm) {
+torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm) {
   return mantissa::clip_grad_norm_(params, max_norm);
 }
 
@@ -90,9 +89,10 @@ std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10
   }
   if (read_fsdp_settings(args.fsdp(), args.fsdp_config()).enabled) {
     // HF refuses fsdp without several processes; the same command line runs here, unsharded.
-    TORCH_WARN_ONCE("fsdp: this process runs alone (no launcher set WORLD_SIZE above 1), so "
-                    "there is nothing to shard and it trains as one process; start it with "
-                    "torchrun --nproc_per_node N to shard");
+    TORCH_WARN_ONCE(
+        "fsdp: this process runs alone (no launcher set WORLD_SIZE above 1), so "
+        "there is nothing to shard and it trains as one process; start it with "
+        "torchrun --nproc_per_node N to shard");
   }
   return std::make_unique<SingleProcess>();
 }

@@ -232,8 +232,7 @@ class Strategy {
   /// `max_norm` and returns the norm before clipping (0-d, on the device). By default
   /// `mantissa::clip_grad_norm_`; a sharded strategy sums the squared norm over the processes.
   /// No sync.
-  virtual torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params,
-                                        double max_norm);
+  virtual torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm);
   /// After the optimizer's step (taken or skipped): a strategy that updated only its shard
   /// gathers the new weights into every process's model here. Nothing by default. A
   /// collective where it communicates.

@@ -170,7 +170,7 @@ class Trainer::Impl {
   PrecisionPlan plan_;                          ///< decided at construction
   /// What the plan converts in the model (prepare() runs them); made at construction.
   std::vector<std::unique_ptr<detail::ModelConverter>> converters_;
-  detail::IntervalPolicy intervals_;            ///< the strategies, parsed at construction
+  detail::IntervalPolicy intervals_;  ///< the strategies, parsed at construction
   UserHooks hooks_;
 
   // ---- where training stands ---------------------------------------------------------------

@@ -55,9 +55,8 @@ void Trainer::Impl::prepare() {
   if (plan_.weights == WeightsMode::kFp32Masters) {
     setup.masters = std::make_unique<amp::MasterWeights>(params.in_order);
   }
-  setup.optimizer = detail::make_trainer_optimizer(args_, params, setup.masters.get(),
-                                                   plan_.low_precision_update,
-                                                   hooks_.optimizer_factory);
+  setup.optimizer = detail::make_trainer_optimizer(
+      args_, params, setup.masters.get(), plan_.low_precision_update, hooks_.optimizer_factory);
   strategy_->setup_optimizer(setup, plan_, o.scaler);
   o.masters = std::move(setup.masters);
   o.optimizer = std::move(setup.optimizer);

@@ -4,8 +4,8 @@
 #include <optional>
 #include <utility>
 
-#include <fmt/format.h>
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <torch/utils.h>
 
 #include <ATen/Parallel.h>
@@ -30,11 +30,13 @@ namespace mantissa {
 TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   if (!resume && args_.resume_from_checkpoint()) resume = *args_.resume_from_checkpoint();
   check_output_dir(resume.has_value());
-  // An AddressSanitizer build keeps LibTorch's allocator: reused blocks would hide a use after free.
+  // An AddressSanitizer build keeps LibTorch's allocator: reused blocks would hide a use after
+  // free.
   if (device_.is_cpu() && args_.cpu_caching_allocator() && !detail::kAddressSanitizer &&
       !memory::enable_cpu_caching_allocator()) {
-    TORCH_WARN_ONCE("cpu_caching_allocator: another CPU allocator of higher priority is "
-                    "registered with LibTorch, so the Trainer leaves it in place");
+    TORCH_WARN_ONCE(
+        "cpu_caching_allocator: another CPU allocator of higher priority is "
+        "registered with LibTorch, so the Trainer leaves it in place");
   }
   prepare();
   std::optional<amp::Tf32Guard> tf32;
@@ -56,11 +58,12 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
   if (args_.load_best_model_at_end() && strategy_->is_main_process() &&
       !detail::evaluates_within(detail::make_interval_policy(args_), state_.eval_steps,
                                 state_.global_step, max_steps)) {
-    TORCH_WARN("load_best_model_at_end is set, but no evaluation falls within this run (eval_strategy ",
-               args_.eval_strategy().name(), ", eval_steps ", state_.eval_steps, ", steps ",
-               state_.global_step, " to ", max_steps,
-               "): there will be no best model to load at the end. Evaluate more often "
-               "(--eval_steps) or train longer.");
+    TORCH_WARN(
+        "load_best_model_at_end is set, but no evaluation falls within this run (eval_strategy ",
+        args_.eval_strategy().name(), ", eval_steps ", state_.eval_steps, ", steps ",
+        state_.global_step, " to ", max_steps,
+        "): there will be no best model to load at the end. Evaluate more often "
+        "(--eval_steps) or train longer.");
   }
   detail::Progress progress(max_steps, detail::Progress::wanted(args_.disable_tqdm()),
                             /*prints=*/strategy_->should_log());
@@ -116,8 +119,8 @@ void Trainer::Impl::report_optimizer_state_once() {
   optimizer_state_reported_ = true;
   // A strategy that shards the state said what each process holds when training started.
   if (!strategy_->should_log() || !strategy_->describe_optimizer_state().empty()) return;
-  if (const auto size = detail::measure_optimizer_state(*objects_.optimizer.optimizer,
-                                                        objects_.masters.get())) {
+  if (const auto size =
+          detail::measure_optimizer_state(*objects_.optimizer.optimizer, objects_.masters.get())) {
     progress_->print(detail::describe_optimizer_state_size(*size));
   }
 }

@@ -13,8 +13,8 @@
 
 #include "checked_math.h"
 #include "device_info.h"
-#include "training_arguments/python_repr.h"
 #include "training_arguments/fsdp_checks.h"
+#include "training_arguments/python_repr.h"
 #include "training_arguments/reporting_checks.h"
 
 namespace mantissa {
@@ -383,8 +383,8 @@ void check_distributed(const TrainingArguments& args) {
                     Choice<DdpCommHook>::names_text());
   // c10d adds the timeout to the wall clock in int64 nanoseconds: past ~7e9 s from 2026 the
   // deadline overflows and every process waits forever. 2^31 - 1 s (68 years) is far from that.
-  TORCH_CHECK_VALUE(args.ddp_timeout() > 0, "ddp_timeout must be a positive number of seconds, got ",
-                    args.ddp_timeout());
+  TORCH_CHECK_VALUE(args.ddp_timeout() > 0,
+                    "ddp_timeout must be a positive number of seconds, got ", args.ddp_timeout());
   TORCH_CHECK_VALUE(args.ddp_timeout() <= kMaxDdpTimeoutSeconds, "ddp_timeout is ",
                     args.ddp_timeout(), " s, more than the largest the collectives can wait, ",
                     kMaxDdpTimeoutSeconds,

@@ -71,9 +71,10 @@ struct AdafactorParamState
 /// over the moment's square root, scaled down to an RMS of at most `clip_threshold`, times `lr`.
 /// bf16/fp16 parameters are updated in fp32 and written back by `low_precision_update` (pure
 /// low-precision training: nearest rounding by default; Kahan compensation or stochastic
-/// rounding as FusedAdamW writes them); the state is fp32. Python: `transformers.optimization.Adafactor(params, lr=lr,
-/// scale_parameter=False, relative_step=False)`. `step()` does not sync with the device.
-class Adafactor : public torch::optim::Optimizer {
+/// rounding as FusedAdamW writes them); the state is fp32. Python:
+/// `transformers.optimization.Adafactor(params, lr=lr, scale_parameter=False,
+/// relative_step=False)`. `step()` does not sync with the device.
+class Adafactor : public torch::optim::Optimizer, public LowPrecisionRules {
  public:
   /// Throws `c10::ValueError` naming the value for a negative lr, eps, weight_decay or
   /// clip_threshold, a decay_rate >= 0 or a beta1 outside [0, 1].
@@ -87,18 +88,6 @@ class Adafactor : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Reads `save`'s archive; the state moves to its parameter's device, in fp32.
   void load(torch::serialize::InputArchive& archive) override;
-
-  /// How bf16/fp16 parameters receive their fp32 result (`kNearest` until set), and the key of
-  /// stochastic rounding's bits (the Trainer's `seed`). Not saved: the run sets it. Host only.
-  void set_low_precision_update(LowPrecisionUpdate rule, std::uint64_t stochastic_rounding_seed) {
-    low_precision_update_ = rule;
-    stochastic_rounding_seed_ = stochastic_rounding_seed;
-  }
-  LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
-
- private:
-  LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
-  std::uint64_t stochastic_rounding_seed_ = 0;
 };
 
 }  // namespace mantissa::optim

@@ -82,7 +82,7 @@ at::Tensor adamw8bit_qmap(bool is_signed);
 /// default; Kahan compensation or stochastic rounding as FusedAdamW writes them). Python:
 /// `torchao.optim.AdamW8bit(params, lr, betas, eps, weight_decay, block_size=256)` (HF's
 /// `--optim adamw_torch_8bit`). `step()` does not sync with the device.
-class AdamW8bit : public torch::optim::Optimizer {
+class AdamW8bit : public torch::optim::Optimizer, public LowPrecisionRules {
  public:
   /// Throws `c10::ValueError` naming the value for a negative lr, eps or weight_decay, a beta
   /// outside [0, 1) or a block_size below 1.
@@ -95,18 +95,6 @@ class AdamW8bit : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Reads `save`'s archive; the state moves to its parameter's device.
   void load(torch::serialize::InputArchive& archive) override;
-
-  /// How bf16/fp16 parameters receive their fp32 result (`kNearest` until set), and the key of
-  /// stochastic rounding's bits (the Trainer's `seed`). Not saved: the run sets it. Host only.
-  void set_low_precision_update(LowPrecisionUpdate rule, std::uint64_t stochastic_rounding_seed) {
-    low_precision_update_ = rule;
-    stochastic_rounding_seed_ = stochastic_rounding_seed;
-  }
-  LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
-
- private:
-  LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
-  std::uint64_t stochastic_rounding_seed_ = 0;
 };
 
 }  // namespace mantissa::optim

@@ -68,4 +68,27 @@ inline LowPrecisionUpdate parse_low_precision_update(std::string_view text) {
   return rule.value();
 }
 
+/// Mixin for an optimizer that computes its update in fp32 and writes bf16/fp16 parameters
+/// without masters by a `LowPrecisionUpdate` rule (`Adafactor`, `AdamW8bit`; FusedAdamW keeps
+/// the rule in its options). The rule is not saved with the optimizer: the run sets it (the
+/// Trainer from `low_precision_update` and `seed`). Host only.
+class LowPrecisionRules {
+ public:
+  /// How bf16/fp16 parameters receive their fp32 result (`kNearest` until set), and the key of
+  /// stochastic rounding's bits.
+  void set_low_precision_update(LowPrecisionUpdate rule, std::uint64_t stochastic_rounding_seed) {
+    low_precision_update_ = rule;
+    stochastic_rounding_seed_ = stochastic_rounding_seed;
+  }
+  LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
+  std::uint64_t stochastic_rounding_seed() const noexcept { return stochastic_rounding_seed_; }
+
+ protected:
+  ~LowPrecisionRules() = default;
+
+ private:
+  LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
+  std::uint64_t stochastic_rounding_seed_ = 0;
+};
+
 }  // namespace mantissa::optim
