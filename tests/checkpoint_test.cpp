@@ -332,6 +332,20 @@ mantissa::detail::CheckpointParts parts_of(Trainer& trainer, torch::nn::Module& 
   return parts;
 }
 
+// Faults that record the name of each checkpoint file written into `written`, and fail the
+// write of `fail_at` (when given) as a full disk does.
+mantissa::detail::FileFaults recording_writes(std::vector<std::string>& written,
+                                              const char* fail_at = nullptr) {
+  mantissa::detail::FileFaults faults;
+  faults.before_write = [&written, fail_at](const std::string& path) {
+    written.push_back(path.substr(path.rfind('/') + 1));
+    if (fail_at != nullptr && path.find(fail_at) != std::string::npos) {
+      throw std::runtime_error("No space left on device (simulated)");
+    }
+  };
+  return faults;
+}
+
 TEST(CheckpointTest, ARankTheSavingRunDidNotHaveStartsItsRandomStateAfresh) {
   // A checkpoint of one process (rng_state.pth), restored as rank 0 and rank 1 of 2.
   const auto run = saved_run();
@@ -549,14 +563,8 @@ TEST(CheckpointTest, FailedSaveLeavesThePreviousCheckpointLoadable) {
   state.global_step = 8;
   mantissa::amp::GradScaler scaler;
   auto parts = parts_of(trainer, *model, state, scaler, run.args);
-  mantissa::detail::FileFaults faults;
   std::vector<std::string> written;
-  faults.before_write = [&](const std::string& path) {
-    written.push_back(path.substr(path.rfind('/') + 1));
-    if (path.find("optimizer.pt") != std::string::npos) {
-      throw std::runtime_error("No space left on device (simulated)");
-    }
-  };
+  const auto faults = recording_writes(written, "optimizer.pt");
   EXPECT_THROW(mantissa::detail::save_checkpoint(run.dir, parts, faults), std::runtime_error);
   EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt"}));
 
@@ -599,11 +607,8 @@ TEST(CheckpointTest, ARegisteredPieceIsWrittenAndReadBesideTheOthersInOneOrder) 
   const mantissa::detail::SavedStates pieces{counter_piece(saved_value)};
   auto parts = parts_of(trainer, *model, state, scaler, run.args);
   parts.saved_states = &pieces;
-  mantissa::detail::FileFaults faults;
   std::vector<std::string> written;
-  faults.before_write = [&](const std::string& path) {
-    written.push_back(path.substr(path.rfind('/') + 1));
-  };
+  const auto faults = recording_writes(written);
   const auto folder = mantissa::detail::save_checkpoint(run.dir, parts, faults);
   EXPECT_EQ(written, (std::vector<std::string>{"model.safetensors", "optimizer.pt", "scheduler.pt",
                                                "scaler.pt", "counter.txt", "trainer_state.json",

@@ -16,12 +16,13 @@ using mantissa::optim::detail::write_low_precision_;
 constexpr double kStep = 1e-3;
 
 TEST(LowPrecisionWriteTest, NearestLosesSmallUpdatesAndKahanKeepsThem) {
+  at::Tensor no_comp;  // nearest and stochastic rounding keep none
   auto nearest = torch::ones({64}, torch::kBFloat16);
   auto kahan = torch::ones({64}, torch::kBFloat16);
   auto comp = torch::zeros({64}, torch::kBFloat16);
   for (int step = 1; step <= 40; ++step) {
     write_low_precision_(nearest, nearest.to(torch::kFloat) + kStep, LowPrecisionUpdate::kNearest,
-                         {}, {}, "test");
+                         no_comp, {}, "test");
     write_low_precision_(kahan, kahan.to(torch::kFloat) + kStep, LowPrecisionUpdate::kKahan, comp,
                          {}, "test");
   }
@@ -37,9 +38,10 @@ TEST(LowPrecisionWriteTest, NearestLosesSmallUpdatesAndKahanKeepsThem) {
 TEST(LowPrecisionWriteTest, StochasticRoundingIsRightOnAverageAndAFunctionOfItsKey) {
   const std::int64_t n = 1 << 18;
   const auto target = torch::full({n}, 1.0 + kStep, torch::kFloat);
+  at::Tensor no_comp;
   auto write = [&](RoundingKey key) {
     auto p = torch::ones({n}, torch::kBFloat16);
-    write_low_precision_(p, target, LowPrecisionUpdate::kStochasticRounding, {}, key, "test");
+    write_low_precision_(p, target, LowPrecisionUpdate::kStochasticRounding, no_comp, key, "test");
     return p;
   };
   const auto a = write({7, 3, 11});
@@ -54,19 +56,22 @@ TEST(LowPrecisionWriteTest, StochasticRoundingIsRightOnAverageAndAFunctionOfItsK
   }
   // A non-contiguous parameter gets the same values as a contiguous one.
   auto strided = torch::ones({n, 2}, torch::kBFloat16).select(1, 0);
-  write_low_precision_(strided, target, LowPrecisionUpdate::kStochasticRounding, {}, {7, 3, 11},
+  write_low_precision_(strided, target, LowPrecisionUpdate::kStochasticRounding, no_comp, {7, 3, 11},
                        "test");
   EXPECT_TRUE(torch::equal(strided, a));
 }
 
 TEST(LowPrecisionWriteTest, Float16TakesTheSameRules) {
   auto p = torch::ones({8}, torch::kHalf);
-  auto comp = torch::zeros({8}, torch::kHalf);
+  at::Tensor comp;  // made by the first Kahan write, as an optimizer's state starts
   // Half a float16 unit at 1 is 2^-11: 1e-4 is lost to nearest rounding, kept by Kahan.
   for (int step = 0; step < 20; ++step) {
     write_low_precision_(p, p.to(torch::kFloat) + 1e-4, LowPrecisionUpdate::kKahan, comp, {},
                          "test");
   }
+  ASSERT_TRUE(comp.defined());
+  EXPECT_EQ(comp.scalar_type(), torch::kHalf);
+  EXPECT_EQ(comp.sizes(), p.sizes());
   EXPECT_NEAR((p.to(torch::kDouble) + comp.to(torch::kDouble)).max().item<double>(), 1.002, 2e-5);
 }
 

@@ -15,7 +15,6 @@
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 // The toy MLP: fc1 [16, 8] + [16], fc2 [4, 16] + [4]: 212 parameters.
 constexpr std::int64_t kToyParameters = 16 * 8 + 16 + 4 * 16 + 4;
@@ -69,7 +68,10 @@ TEST(OptimizerStateReportTest, MastersBesideLowPrecisionWeightsAreCountedApart) 
   EXPECT_EQ(measured->master_bytes, kToyParameters * 4);
   size.master_bytes = measured->master_bytes;
   EXPECT_THAT(mantissa::detail::describe_optimizer_state_size(size),
-              HasSubstr("8.00 bytes per parameter, 212 parameters); fp32 masters 0.8 KiB more"));
+              HasSubstr("8.00 bytes per parameter, 212 parameters); fp32 masters 848 bytes more"));
+  EXPECT_EQ(mantissa::detail::bytes_text(640), "640 bytes");
+  EXPECT_EQ(mantissa::detail::bytes_text(12 * 1024), "12.0 KiB");
+  EXPECT_EQ(mantissa::detail::bytes_text(3 * 1024 * 1024 / 2), "1.50 MiB");
 }
 
 TEST(OptimizerStateReportTest, ATrainingRunPrintsTheLineOnceAfterItsFirstUpdate) {

@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
+#include <mantissa/amp/master_weights.h>
+
 #include "optim/low_precision_write.h"
 
 namespace mantissa::optim {
@@ -163,7 +165,7 @@ at::Tensor Adafactor::step(LossClosure closure) {
       const auto tensor_index = index++;
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "Adafactor does not take sparse gradients");
-      const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
+      const bool low_precision = amp::is_low_precision(p.scalar_type());
       const auto grad = p.grad().to(at::kFloat);
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot)
@@ -180,9 +182,6 @@ at::Tensor Adafactor::step(LossClosure closure) {
       }
       target.sub_(update);
       if (low_precision) {
-        if (low_precision_update() == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
-          state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
-        }
         detail::write_low_precision_(
             p, target, low_precision_update(), state.kahan_comp(),
             {stochastic_rounding_seed(), tensor_index, static_cast<std::uint32_t>(state.step())},

@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
+#include <mantissa/amp/master_weights.h>
+
 #include "optim/low_precision_write.h"
 
 namespace mantissa::optim {
@@ -304,13 +306,9 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
       }
       const auto denom = v.sqrt() / bias_correction2.sqrt() + o.eps();
       p32 = p32 - lr * (m / bias_correction1) / denom;
-      const bool low_precision = p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
-      if (!low_precision || low_precision_update() == LowPrecisionUpdate::kNearest) {
+      if (!amp::is_low_precision(p.scalar_type())) {
         p.copy_(p32);
         continue;
-      }
-      if (low_precision_update() == LowPrecisionUpdate::kKahan && !state.kahan_comp().defined()) {
-        state.kahan_comp(at::zeros_like(p, at::MemoryFormat::Contiguous));
       }
       // The step count keys stochastic rounding's bits (a sync on a GPU, whose write goes
       // through the host anyway).

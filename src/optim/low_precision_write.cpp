@@ -1,8 +1,10 @@
 #include "optim/low_precision_write.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
+
+#include <mantissa/amp/master_weights.h>
 
 #include "optim/low_precision_rounding.h"
 
@@ -35,14 +37,16 @@ void write_elements(std::uint16_t* param, const float* target, std::uint16_t* co
 }  // namespace
 
 void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
-                          LowPrecisionUpdate rule, const at::Tensor& comp, const RoundingKey& key,
+                          LowPrecisionUpdate rule, at::Tensor& comp, const RoundingKey& key,
                           const char* optimizer) {
-  const bool bf16 = param.scalar_type() == at::kBFloat16;
-  TORCH_INTERNAL_ASSERT(bf16 || param.scalar_type() == at::kHalf);
+  TORCH_INTERNAL_ASSERT(amp::is_low_precision(param.scalar_type()));
   TORCH_INTERNAL_ASSERT(target.scalar_type() == at::kFloat && target.sizes() == param.sizes());
   if (rule == LowPrecisionUpdate::kNearest) {
     param.copy_(target);
     return;
+  }
+  if (rule == LowPrecisionUpdate::kKahan && !comp.defined()) {
+    comp = at::zeros_like(param, at::MemoryFormat::Contiguous);
   }
   if (!param.is_cpu()) {
     // No kernel of its own on a GPU: the same elements written on the host (same bits), at the
@@ -67,7 +71,7 @@ void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
   auto* p = static_cast<std::uint16_t*>(out.data_ptr());
   const auto* t = in.data_ptr<float>();
   auto* cp = c.defined() ? static_cast<std::uint16_t*>(c.data_ptr()) : nullptr;
-  if (bf16) {
+  if (param.scalar_type() == at::kBFloat16) {
     write_elements<true>(p, t, cp, rule, key, param.numel());
   } else {
     write_elements<false>(p, t, cp, rule, key, param.numel());

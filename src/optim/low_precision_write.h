@@ -23,13 +23,14 @@ struct RoundingKey {
 
 /// Writes the fp32 `target` (the update's result, `param`'s shape) into the bf16/fp16 `param`
 /// under `rule`: `kNearest` casts; `kKahan` adds the part lost to rounding to `comp` (the
-/// parameter's dtype and shape, updated in place) and feeds it into this write; and
+/// parameter's dtype and shape, updated in place; made as zeros on the first Kahan write when
+/// undefined, so an optimizer passes its state's buffer) and feeds it into this write; and
 /// `kStochasticRounding` rounds each element up or down with the bits FusedAdamW would draw for
 /// it under `key`. Element for element the same results as FusedAdamW's kernels. Kahan and
 /// stochastic rounding are computed on the host: a CUDA tensor goes there and back (a sync,
 /// warned about once, naming `optimizer`); no sync on the CPU.
 void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
-                          LowPrecisionUpdate rule, const at::Tensor& comp, const RoundingKey& key,
+                          LowPrecisionUpdate rule, at::Tensor& comp, const RoundingKey& key,
                           const char* optimizer);
 
 }  // namespace mantissa::optim::detail

@@ -46,32 +46,25 @@ OptimizerParams weight_decay_params(const std::vector<torch::Tensor>& params,
       name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
     }
   }
-  std::vector<torch::Tensor> decay, no_decay;
-  std::vector<std::string> decay_names, no_decay_names;
+  // Group 0 the tensors that decay, group 1 the others; an empty group is dropped below.
+  std::vector<torch::Tensor> groups[2];
+  std::vector<std::string> names[2];
   OptimizerParams out;
   out.in_order = params;  // frozen ones too: they keep their masters, as they always had
   for (const auto& param : params) {
     if (!param.requires_grad()) continue;
+    const int g = param.dim() >= 2 ? 0 : 1;
+    groups[g].push_back(param);
+    if (module == nullptr) continue;
     const auto it = name_of.find(param.unsafeGetTensorImpl());
-    const auto name = it == name_of.end() ? std::string() : it->second;
-    if (param.dim() >= 2) {
-      decay.push_back(param);
-      decay_names.push_back(name);
-    } else {
-      no_decay.push_back(param);
-      no_decay_names.push_back(name);
-    }
+    names[g].push_back(it == name_of.end() ? std::string() : it->second);
   }
-  out.first_group_decays = !decay.empty();
-  if (!decay.empty()) {
-    out.groups.push_back(std::move(decay));
-    out.names.push_back(std::move(decay_names));
+  out.first_group_decays = !groups[0].empty();
+  for (int g = 0; g < 2; ++g) {
+    if (groups[g].empty()) continue;
+    out.groups.push_back(std::move(groups[g]));
+    if (module != nullptr) out.names.push_back(std::move(names[g]));
   }
-  if (!no_decay.empty()) {
-    out.groups.push_back(std::move(no_decay));
-    out.names.push_back(std::move(no_decay_names));
-  }
-  if (module == nullptr) out.names.clear();
   return out;
 }
 

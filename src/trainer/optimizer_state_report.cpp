@@ -35,12 +35,14 @@ std::optional<OptimizerStateSize> measure_optimizer_state(const torch::optim::Op
   return size;
 }
 
-namespace {
-
 std::string bytes_text(std::int64_t bytes) {
-  if (bytes < 1024 * 1024) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024.0);
-  return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  constexpr std::int64_t kMiB = 1024 * 1024;
+  if (bytes >= kMiB) return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / kMiB);
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024);
+  return fmt::format("{} bytes", bytes);
 }
+
+namespace {
 
 std::string count(std::int64_t n) {
   if (n >= 1000000) return fmt::format("{:.1f}M", static_cast<double>(n) / 1e6);

@@ -26,6 +26,9 @@ struct OptimizerStateSize {
 std::optional<OptimizerStateSize> measure_optimizer_state(const torch::optim::Optimizer& optimizer,
                                                           const amp::MasterWeights* masters);
 
+/// A size as the run's log lines print it: "1.23 MiB", "12.0 KiB" or "640 bytes". Pure.
+std::string bytes_text(std::int64_t bytes);
+
 /// One line for the log: "mantissa: optimizer adafactor holds 1.23 MiB of state (4.00 bytes
 /// per parameter, 322.0k parameters); fp32 masters 1.23 MiB more". Pure.
 std::string describe_optimizer_state_size(const OptimizerStateSize& size);

@@ -12,6 +12,8 @@
 #include <mantissa/distributed.h>
 #include <mantissa/nn/supports_gradient_checkpointing.h>
 
+#include "trainer/optimizer_state_report.h"
+
 namespace mantissa::detail {
 
 /// Runs the model's blocks through the units that hold their parameters; a block that is no
@@ -49,13 +51,6 @@ std::int64_t state_bytes_per_element(const optim::FusedAdamWOptions& options,
   std::int64_t bytes = moment * (options.amsgrad() ? 3 : 2);
   if (low && options.low_precision_update() == optim::LowPrecisionUpdate::kKahan) bytes += element;
   return bytes;
-}
-
-// "1.23 MiB", "12.0 KiB" or "640 bytes".
-std::string bytes_text(std::int64_t bytes) {
-  if (bytes >= kMiB) return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / kMiB);
-  if (bytes >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024);
-  return fmt::format("{} bytes", bytes);
 }
 
 }  // namespace
