@@ -1,5 +1,6 @@
 // Fuzz target: a whole safetensors file (header and body) read by load_safetensors, by
-// load_safetensors_metadata, and into a small module by load_module_safetensors.
+// load_safetensors_metadata, into a small module by load_module_safetensors, and tensor by
+// tensor and range by range through SafetensorsFile (the reader of sharded loads).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -39,6 +40,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   });
   mantissa_fuzz::expect_no_crash([&] { mantissa::io::load_safetensors_metadata(path); });
+  mantissa_fuzz::expect_no_crash([&] {
+    const mantissa::io::SafetensorsFile file(path);
+    for (const auto& name : file.keys()) {
+      const auto whole = file.get_tensor(name);
+      if (whole.numel() > 0) (void)whole.flatten().view(at::kByte).sum().item<std::int64_t>();
+      // A range from the middle, through the reader's own offsets.
+      const auto n = whole.numel();
+      const auto piece = file.get_flat_slice(name, n / 3, n - n / 3 - n / 4);
+      if (piece.numel() > 0) (void)piece.view(at::kByte).sum().item<std::int64_t>();
+    }
+  });
   mantissa_fuzz::expect_no_crash(
       [&] { mantissa::io::load_module_safetensors(path, module, /*strict=*/false, true); });
   return 0;
