@@ -13,6 +13,9 @@
 4. Eager against CUDA-graph steps (--cuda_graph) on the tiny char_gpt, where launches dominate;
    the Python loop on the same tiny model beside them.
 5. (3) again with the model under torch.compile, the warm-up steps holding the compilation.
+6. The Llama side by side at Llama 3.2 1B's shape (bench/llama_anchor --device cuda --sizes 1b):
+   examples/llama's train_llama against HF Trainer on transformers' LlamaForCausalLM, bf16,
+   tokens/s and MFU; skipped, with the reason in the report, where python3 has no transformers.
 
 Writes OUT_DIR/gpu-benchmarks.json (every figure, every command) and prints a table with the
 issue's targets. Each char_gpt figure is the median tokens/s of the Trainer's log windows after
@@ -176,6 +179,24 @@ def main():
     # takes the longest and a run cut at its time limit keeps everything before it.
     report["gpt2_small"]["python_bf16_compiled"] = python_char_gpt(
         args, "gpt2-small-bf16-compiled", "gpt2-small", "bf16", big_steps - 10, 10, 16, ["--compile"])
+
+    save()
+
+    # 6. The Llama comparison at ~1B (last but one would starve the compile run; it needs
+    # transformers in python3, which the GPU machine may lack).
+    has_transformers = subprocess.run([args.python, "-c", "import transformers"],
+                                      capture_output=True).returncode == 0
+    if not has_transformers and not args.dry_run:
+        report["llama_1b"] = {"skipped": f"{args.python} cannot import transformers"}
+    else:
+        llama_json = os.path.join(args.out, "llama_1b.json")
+        steps = ["--steps", "6", "--warmup", "2"] if args.quick else ["--steps", "20", "--warmup", "5"]
+        rc, text = run([args.python, os.path.join(ROOT, "bench/llama_anchor"), "--device", "cuda",
+                        "--sizes", "1b", "--precisions", "bf16", "--repeats", "1", "--batch_size", "4",
+                        *steps, "--build_dir", args.build, "--python", args.python,
+                        "--corpus", args.corpus, "--output", llama_json],
+                       args.dry_run, os.path.join(args.out, "llama_1b.txt"))
+        report["llama_1b"] = last_json_line(text) if rc == 0 and not args.dry_run else {"rc": rc}
 
     if args.dry_run:
         return 0

@@ -52,6 +52,7 @@
 #include <mantissa/distributed.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/optim/fused_adamw.h>
+#include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/trainer.h>
 #include <mantissa/training_arguments.h>
 #include "io/filesystem.h"
@@ -376,6 +377,8 @@ Measurement run(const Config& c, FashionMnist data, double& setup_rss_mib) {
   torch::manual_seed(static_cast<std::uint64_t>(c.seed));
   auto model = make_model<Model>(c);
   setup_rss_mib = status_mib("VmRSS");
+  TORCH_CHECK_VALUE(c.impl == "trainer" || c.optim == "adamw_torch" || c.optim == "adamw_torch_fused",
+                    "--impl hand runs adamw_torch or adamw_torch_fused, not --optim ", c.optim);
   return c.impl == "trainer" ? run_trainer(c, model, std::move(data)) : run_hand(c, model, data);
 }
 
@@ -397,8 +400,9 @@ int main(int argc, char** argv) try {
   app.add_option("--precision", c.precision, "fp32, bf16 (autocast, fp32 weights) or bf16_masters")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16_masters"}));
   app.add_option("--optim", c.optim,
-                 "adamw_torch (torch::optim::AdamW) or adamw_torch_fused (mantissa FusedAdamW)")
-      ->check(CLI::IsMember({"adamw_torch", "adamw_torch_fused"}));
+                 "the Trainer's --optim (any registered name); --impl hand: adamw_torch "
+                 "(torch::optim::AdamW) or adamw_torch_fused (mantissa FusedAdamW)")
+      ->check(CLI::IsMember(mantissa::optim::optimizer_names()));
   app.add_option("--steps", c.steps, "timed optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", c.warmup, "untimed steps before them")->check(CLI::PositiveNumber);
   app.add_option("--batch_size", c.batch_size)->check(CLI::PositiveNumber);

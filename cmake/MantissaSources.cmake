@@ -98,6 +98,7 @@ set(MANTISSA_CXX_SOURCES
   src/io/zip_directory.cpp
   src/io/json_reader.cpp
   src/io/tfrecord.cpp
+  src/io/pretrained_weights.cpp
   src/io/tensorboard_event.cpp
   src/io/event_file.cpp
   src/lr_scheduler/schedules.cpp
@@ -134,14 +135,20 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/eager_engine.cpp
   src/trainer/collectives.cpp
   src/trainer/process_group_strategy.cpp
+  src/trainer/owned_state.cpp
   src/trainer/data_parallel.cpp
+  src/trainer/state_sharded_data_parallel.cpp
+  src/trainer/state_sharded_data_parallel_state.cpp
   src/trainer/sharded_data_parallel.cpp
   src/trainer/sharded_data_parallel_state.cpp
   src/trainer/sharded_data_parallel_shards.cpp
+  src/trainer/whole_tensor_sharded_data_parallel.cpp
   src/trainer/single_process.cpp
   src/trainer/strategy.cpp
   src/trainer/gradient_sync.cpp
   src/trainer/sharded/flat_layout.cpp
+  src/trainer/sharded/tensor_owners.cpp
+  src/trainer/sharded/summed_norms.cpp
   src/trainer/sharded/flat_parameters.cpp
   src/trainer/sharded/gradient_reduce_scatter.cpp
   src/trainer/sharded/sharded_adamw.cpp
@@ -188,6 +195,7 @@ set(MANTISSA_CPU_KERNEL_SOURCES
 set(MANTISSA_CUDA_SOURCES
   src/amp/unscale_cuda.cu
   src/optim/fused_adamw_cuda.cu
+  src/optim/low_precision_write_cuda.cu
 )
 list(TRANSFORM MANTISSA_PUBLIC_HEADERS PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")
 list(TRANSFORM MANTISSA_CXX_SOURCES PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/")

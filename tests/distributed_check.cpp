@@ -14,8 +14,9 @@
 //     R that the world has N ranks, --master-addr A gives every rank MASTER_ADDR=A, and
 //     --without-rank0 starts every rank but rank 0 (nobody hosts the store).
 //   distributed_check rank [--die-after-init] [--timeout-s S] [--nccl]
-//     one rank: an allreduce (sum), a broadcast from rank 0, an allgather and a barrier, each
-//     result compared with what it must be. With --nccl over NCCL on cuda:LOCAL_RANK (exit 77,
+//     one rank: an allreduce (sum), a broadcast from rank 0, an allgather, the Trainer's
+//     gather and scatter of bytes (src/trainer/collectives.h) and a barrier, each result
+//     compared with what it must be. With --nccl over NCCL on cuda:LOCAL_RANK (exit 77,
 //     CTest's skip, without a CUDA device).
 //
 // Exit status: 0 when everything came out as expected.
@@ -35,6 +36,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <mantissa/distributed.h>
+
+#include "trainer/collectives.h"
 
 #include "multiprocess.h"
 
@@ -100,6 +103,31 @@ int run_rank(bool die_after_init, int timeout_s, bool nccl) {
   group->allgather(gathered, mine)->wait();
   for (int64_t r = 0; r < world; ++r) {
     ok &= same(gathered[0][r], torch::full({1}, int(r * 7), torch::kInt), "allgather", env.rank);
+  }
+
+  // The Trainer's byte transfers (src/trainer/collectives.h), of a different length on each
+  // rank, one of them empty: gathered on rank 0 in rank order, and scattered back, each rank
+  // getting its own.
+  const mantissa::detail::Collectives collectives(env, nccl ? dist::Backend::kNccl
+                                                            : dist::Backend::kGloo,
+                                                  group, device, std::chrono::seconds(timeout_s));
+  const auto bytes_of = [](int64_t r) {
+    return r == 1 ? std::string() : std::string(static_cast<std::size_t>(3 + 5 * r), char('a' + r));
+  };
+  const auto all = collectives.gather_bytes(bytes_of(env.rank));
+  bool gathered_ok = all.size() == static_cast<std::size_t>(env.rank == 0 ? world : 0);
+  for (std::size_t r = 0; gathered_ok && r < all.size(); ++r) {
+    gathered_ok = all[r] == bytes_of(static_cast<int64_t>(r));
+  }
+  if (!gathered_ok) std::cout << "rank " << env.rank << ": gather_bytes WRONG" << std::endl;
+  ok &= gathered_ok;
+  std::vector<std::string> back;
+  for (int64_t r = 0; env.rank == 0 && r < world; ++r) back.push_back(bytes_of(world - 1 - r));
+  const auto own = collectives.scatter_bytes(back);
+  if (own != bytes_of(world - 1 - env.rank)) {
+    std::cout << "rank " << env.rank << ": scatter_bytes WRONG (" << own.size() << " bytes)"
+              << std::endl;
+    ok = false;
   }
 
   group->barrier()->wait();

@@ -117,7 +117,9 @@ TEST(FsdpArguments, FsdpTwoConfigKeys) {
               HasSubstr("activation_checkpointing and --gradient_checkpointing both"));
   // The refusals of a sharded run name the mode.
   EXPECT_THAT(validate_error(TrainingArguments(full).optim("sgd")),
-              HasSubstr("fsdp (full sharding) shards mantissa's FusedAdamW; optim 'sgd'"));
+              HasSubstr("fsdp (full sharding) shards the state of adamw_torch_fused by flat "
+                        "element ranges, and that of adafactor, adamw_torch_8bit, muon by "
+                        "whole tensors; optim 'sgd' cannot be sharded"));
 }
 
 TEST(FsdpArguments, WhatShardingCannotCombineWith) {

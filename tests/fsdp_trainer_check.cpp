@@ -588,6 +588,52 @@ int run_check(const std::string& scenario, Launch l) {
         [](int rank) { return rank == 1 ? kSharded : std::vector<std::string>{}; });
     ok = status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
     ok &= contains(read_text(l.dir + "/args.rank1.log"), "fsdp", "rank 1's error");
+  } else if (scenario.rfind("optim_", 0) == 0 || scenario.rfind("full_optim_", 0) == 0) {
+    // The optimizers sharded by whole tensors (StateShardedDataParallel under shard_grad_op;
+    // as full_optim_*, WholeTensorShardedDataParallel under full sharding, each tensor whole
+    // in its owner's shard): each rank updates the tensors it owns with the gradients data
+    // parallel averages, and the norm is data parallel's from the owners' per-tensor norms, so
+    // every precision mode gives DDP's bits. The whole state goes through checkpoints as
+    // FusedAdamW's flat shards do (resumed at 2 ranks bitwise, by DDP, by one process and by 3
+    // ranks, and from DDP's and one process's).
+    const auto name = scenario.substr(scenario.find("optim_") + 6);
+    auto optim = std::vector<std::string>{"--optim", name};
+    // 8-bit AdamW quantises tensors of 4096 elements or more: fc1 (20 x 256).
+    if (name == "adamw_torch_8bit") optim = optim + std::vector<std::string>{"--hidden", "256"};
+    const std::vector<std::string> bf16_masters{"--model_dtype", "bf16", "--bf16"};
+    ok = check_against_ddp(l, optim, 0, 0, /*compare_eval=*/true);
+    // Each rank counts the state it holds after the first update (its own tensors only).
+    ok &= contains(read_text(l.dir + "/fsdp.rank1.log"), "of state (", "rank 1's state line") &&
+          contains(read_text(l.dir + "/fsdp.rank1.log"), "on rank 1", "rank 1's state line");
+    ok &= check_against_ddp(l, optim + bf16_masters, 0, 0, /*compare_eval=*/false);
+    if (name == "adafactor" || name == "muon") {
+      // Pure bf16: the default rule is Kahan summation, its buffers owned with the tensors;
+      // stochastic rounding keys its draws by each tensor's place in the whole optimizer, so
+      // it too gives DDP's bits.
+      const auto pure = optim + bf16_masters + std::vector<std::string>{"--master_weights", "off"};
+      ok &= check_against_ddp(l, pure, 0, 0, false);
+      ok &= check_against_ddp(
+          l, pure + std::vector<std::string>{"--low_precision_update", "stochastic_rounding"}, 0,
+          0, false);
+    } else if (name == "adamw_torch_8bit") {
+      // A first scale of 2^24 overflows: both skip the same steps (the flag agreed by all).
+      ok &= check_against_ddp(l,
+                              optim + std::vector<std::string>{"--fp16", "--initial_scale_power",
+                                                               "24", "--max_steps", "12"},
+                              0, 0, false);
+    }
+    if (name == "muon") {
+      // The best checkpoint loaded back at the end: each rank's masters from master_weights.pt,
+      // the weights DDP ends with.
+      ok &= check_against_ddp(
+          l,
+          optim + bf16_masters +
+              std::vector<std::string>{"--eval_strategy", "steps", "--eval_steps", "2",
+                                       "--save_strategy", "steps", "--save_steps", "2",
+                                       "--load_best_model_at_end", "true"},
+          0, 0, true);
+    }
+    ok &= check_resume(l, name == "muon" ? optim + bf16_masters : optim);
   } else if (scenario == "pytorch_parity") {
     // PyTorch's FSDP2 (fully_shard, reshard_after_forward=False) under torchrun against
     // mantissa's 2 sharded ranks, on the same data, initial weights, order and step.

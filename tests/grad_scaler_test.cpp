@@ -727,4 +727,33 @@ TEST(GradScalerFusedTest, FoundInfReductionDecidesTheSkip) {
   }
 }
 
+// A process whose optimizer sees no gradient at all (under fsdp by whole tensors, a rank that
+// owns no tensor, or none that had a gradient this step) still takes part in the reduction,
+// once per step with a flag of 0, so the collective pairs with the other ranks'; its step is a
+// no-op and another rank's inf still skips it and backs the scale off.
+TEST(GradScalerTest, FoundInfReductionRunsOnceWithoutGradients) {
+  auto p = torch::ones({4}).requires_grad_(true);
+  auto elsewhere = torch::ones({2}).requires_grad_(true);  // another process's tensor, say
+  torch::optim::SGD sgd({p}, 0.1);
+  GradScaler scaler(GradScalerOptions().init_scale(1024.));
+  int calls = 0;
+  int step = 0;
+  scaler.set_found_inf_reduction([&](at::Tensor& found_inf) {
+    ++calls;
+    EXPECT_EQ(found_inf.item<float>(), 0.f);
+    if (step == 1) found_inf.fill_(1.f);
+  });
+  for (step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    scaler.scale(elsewhere.sum()).backward();  // no gradient reaches the optimizer's tensor
+    scaler.unscale_(sgd);
+    EXPECT_NO_THROW(scaler.step(sgd)) << "step " << step;
+    scaler.update();
+  }
+  EXPECT_EQ(calls, 3) << "one reduction per step";
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  EXPECT_EQ(scaler.get_scale(), 512.);
+  EXPECT_TRUE(torch::equal(p.detach(), torch::ones({4})));
+}
+
 }  // namespace

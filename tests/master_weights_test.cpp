@@ -1,5 +1,6 @@
 // MasterWeights: fp32 masters for a bf16/fp16 model, with LibTorch's own optimizers.
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -355,6 +356,77 @@ TEST(MasterWeightsTest, SaveLoadRestoresMastersAndModel) {
   EXPECT_THAT(
       [&] { wrong.load(in2); },
       ThrowsMessage<c10::ValueError>(HasSubstr("the archive holds 2 masters, this model has 1")));
+}
+
+// The bytes of `masters.save(out, params)` (all of them without `params`), read back.
+std::string saved_bytes(const MasterWeights& masters, const std::vector<torch::Tensor>* params) {
+  torch::serialize::OutputArchive out;
+  if (params != nullptr) {
+    masters.save(out, *params);
+  } else {
+    masters.save(out);
+  }
+  std::ostringstream buffer;
+  out.save_to(buffer);
+  return buffer.str();
+}
+
+void read_into(torch::serialize::InputArchive& in, const std::string& bytes) {
+  std::istringstream stream(bytes);
+  in.load_from(stream);
+}
+
+TEST(MasterWeightsTest, SavesAndLoadsAChosenShare) {
+  // A whole model's masters, and the share one process owns (the sharding by whole tensors).
+  torch::manual_seed(6);
+  auto a = leaf(torch::randn({2, 3}).to(torch::kBFloat16));
+  auto b = leaf(torch::randn({4}).to(torch::kBFloat16));
+  auto c = leaf(torch::randn({5}));
+  MasterWeights whole({a, b, c});
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& m : whole.master_params()) m.add_(1e-4);  // below bf16 resolution
+  }
+  // The share {c, a} saved as a MasterWeights over exactly those writes it; one loads it whole.
+  const std::vector<torch::Tensor> share{c, a};
+  auto c2 = leaf(torch::zeros({5}));
+  auto a2 = leaf(torch::zeros({2, 3}, torch::kBFloat16));
+  MasterWeights owner({c2, a2});
+  torch::serialize::InputArchive in;
+  read_into(in, saved_bytes(whole, &share));
+  owner.load(in);
+  EXPECT_TRUE(torch::equal(owner.master_params()[0], whole.master_of(c)));
+  EXPECT_TRUE(torch::equal(owner.master_params()[1], whole.master_of(a)));
+  EXPECT_TRUE(torch::equal(a2, whole.master_of(a).to(torch::kBFloat16)));
+
+  // One parameter's master out of the whole file, the others neither read nor touched.
+  auto b3 = leaf(torch::zeros({4}, torch::kBFloat16));
+  auto a3 = leaf(torch::zeros({2, 3}, torch::kBFloat16));
+  MasterWeights part({a3, b3});
+  const auto all = saved_bytes(whole, nullptr);
+  torch::serialize::InputArchive in_all;
+  read_into(in_all, all);
+  part.load(in_all, {b3}, {1}, 3);
+  EXPECT_TRUE(torch::equal(part.master_of(b3), whole.master_of(b)));
+  EXPECT_TRUE(torch::equal(b3, whole.master_of(b).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(part.master_of(a3), torch::zeros({2, 3}))) << "a master was touched";
+
+  // Wrong count, a position past the file, a shape that differs, a tensor it does not hold.
+  const auto refused = [&](const std::function<void(torch::serialize::InputArchive&)>& load,
+                           const std::string& words) {
+    torch::serialize::InputArchive again;
+    read_into(again, all);
+    EXPECT_THAT([&] { load(again); }, ThrowsMessage<c10::ValueError>(HasSubstr(words)));
+  };
+  refused([&](auto& arc) { part.load(arc, {b3}, {1}, 4); },
+          "the archive holds 3 masters, this model has 4");
+  refused([&](auto& arc) { part.load(arc, {b3}, {3}, 3); }, "position 3 of parameter 0");
+  refused([&](auto& arc) { part.load(arc, {b3}, {0}, 3); },
+          "master 0 has shape [2, 3] in the archive but [4] in the model");
+  refused([&](auto& arc) { part.load(arc, {b}, {1}, 3); }, "is not one of the model parameters");
+  torch::serialize::OutputArchive out;
+  EXPECT_THAT([&] { part.save(out, {c}); },
+              ThrowsMessage<c10::ValueError>(HasSubstr("is not one of the model parameters")));
 }
 
 TEST(MasterWeightsTest, PureLowPrecisionWarnsOncePerDtype) {

@@ -138,7 +138,6 @@ TEST_P(NewOptimizerTrainerTest, ResumedRunContinuesBitForBit) {
 // for bit under each (the compensation is saved; the rounding bits depend only on the seed,
 // the tensor and the step).
 TEST_P(NewOptimizerTrainerTest, PureBf16TakesFusedAdamWsRules) {
-  if (std::string(GetParam()) == "muon") GTEST_SKIP() << "muon has the nearest rule only";
   auto run = [&](const char* rule, std::int64_t seed) {
     auto model = make_model(torch::kBFloat16);
     Trainer trainer(model,
@@ -212,23 +211,20 @@ TEST_P(NewOptimizerTrainerTest, AStepTheScalerSkipsChangesNothing) {
 
 TEST_P(NewOptimizerTrainerTest, RefusesWhatItCannotRun) {
   const auto base = args(mantissa_test::toy_output_dir());
-  if (std::string(GetParam()) == "muon") {
-    // Muon computes a pure bf16 update in bf16, as torch.optim.Muon does: no fp32 result to
-    // round by another rule.
-    EXPECT_THAT([&] { TrainingArguments(base).low_precision_update("kahan").validate(); },
-                ThrowsMessage<c10::ValueError>(
-                    HasSubstr("low_precision_update kahan is not a rule optim muon has")));
-    EXPECT_THAT(
-        [&] { TrainingArguments(base).low_precision_update("stochastic_rounding").validate(); },
-        ThrowsMessage<c10::ValueError>(HasSubstr("not a rule optim muon has")));
-  } else {
-    EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("kahan").validate());
-    EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("stochastic_rounding").validate());
-  }
-  EXPECT_THAT([&] { TrainingArguments(base).fsdp("shard_grad_op").validate(); },
-              ThrowsMessage<c10::ValueError>(
-                  HasSubstr("fsdp shard_grad_op shards mantissa's FusedAdamW; optim '" +
-                            std::string(GetParam()) + "' cannot be sharded")));
+  EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("kahan").validate());
+  EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("stochastic_rounding").validate());
+  // Sharded by whole tensors under either mode; per-process shard files hold flat shards only
+  // (fsdp.optim_* and fsdp.full_optim_* run them).
+  EXPECT_NO_THROW(TrainingArguments(base).fsdp("shard_grad_op").validate());
+  EXPECT_NO_THROW(TrainingArguments(base).fsdp("full_shard").validate());
+  EXPECT_THAT(
+      [&] {
+        TrainingArguments(base)
+            .fsdp("shard_grad_op")
+            .fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")
+            .validate();
+      },
+      ThrowsMessage<c10::ValueError>(HasSubstr("SHARDED_STATE_DICT writes the flat shards")));
   EXPECT_THAT([&] { TrainingArguments(base).optim_args("no_such_key=1").validate(); },
               ThrowsMessage<c10::ValueError>(
                   HasSubstr("optim " + std::string(GetParam()) + " does not take 'no_such_key'")));
@@ -244,7 +240,8 @@ TEST(NewOptimizerTrainerTest, TheOptimizersAreTheExpectedClasses) {
     Trainer trainer(model, toy_args(mantissa_test::toy_output_dir()).optim(name).max_steps(1),
                     ToyDataset(16));
     trainer.train();
-    return std::string(typeid(trainer.optimizer()).name());
+    const auto& optimizer = trainer.optimizer();
+    return std::string(typeid(optimizer).name());
   };
   EXPECT_EQ(build("adafactor"), typeid(mantissa::optim::Adafactor).name());
   EXPECT_EQ(build("adamw_torch_8bit"), typeid(mantissa::optim::AdamW8bit).name());

@@ -16,11 +16,13 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <mantissa/io/pretrained_weights.h>
 #include <mantissa/io/safetensors.h>
 #include "io/filesystem.h"
 
 #include "io/atomic_file.h"
 #include "io_test_util.h"
+#include "value_error.h"
 
 namespace {
 
@@ -973,6 +975,95 @@ TEST(SafetensorsFileTest, ReadsOneTensorOrARangeOfItWithoutTheRest) {
   write_raw_file(dir.file("bad.safetensors"), std::string(4, '\0'));
   EXPECT_THAT([&] { mantissa::io::SafetensorsFile bad(dir.file("bad.safetensors")); },
               ThrowsMessage<c10::Error>(HasSubstr("fewer than the 8-byte header length")));
+}
+
+}  // namespace
+
+// ---- save_pretrained_weights: model.safetensors, or shards with their index -----------------
+
+namespace {
+
+using mantissa::io::parse_shard_size;
+using mantissa::io::save_pretrained_weights;
+
+NamedTensors four_tensors() {
+  // 400, 200, 800 and 40 bytes of fp32, in the model's order.
+  return {{"embed.weight", torch::arange(100, torch::kFloat)},
+          {"blocks.0.w", torch::arange(50, torch::kFloat).neg()},
+          {"blocks.1.w", torch::linspace(0, 1, 200)},
+          {"norm.weight", torch::ones({10})}};
+}
+
+std::vector<std::string> weight_files(const std::string& dir) {
+  auto names = mantissa::io::list_directory(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(PretrainedWeightsTest, OneFileUpToTheLimitAndShardsWithAnIndexAbove) {
+  TempDir dir;
+  const auto tensors = four_tensors();
+  EXPECT_THAT(save_pretrained_weights(dir.path(), tensors),
+              ::testing::ElementsAre("model.safetensors"));
+  const auto whole = load_safetensors(dir.file("model.safetensors"));
+  ASSERT_EQ(whole.size(), 4u);
+  EXPECT_TRUE(whole[2].second.equal(tensors[2].second));
+  EXPECT_EQ(load_safetensors_metadata(dir.file("model.safetensors")).at("format"), "pt");
+
+  // 600 bytes: [embed, blocks.0] (600), [blocks.1] (800, larger than the limit: alone),
+  // [norm] (40). The single file of the first save is removed.
+  const auto written = save_pretrained_weights(dir.path(), tensors, 600);
+  EXPECT_THAT(written, ::testing::ElementsAre("model-00001-of-00003.safetensors",
+                                              "model-00002-of-00003.safetensors",
+                                              "model-00003-of-00003.safetensors",
+                                              "model.safetensors.index.json"));
+  EXPECT_THAT(weight_files(dir.path()), ::testing::ElementsAreArray(std::vector<std::string>{
+                                            "model-00001-of-00003.safetensors",
+                                            "model-00002-of-00003.safetensors",
+                                            "model-00003-of-00003.safetensors",
+                                            "model.safetensors.index.json"}));
+  const auto bytes = mantissa::io::read_file(dir.file("model.safetensors.index.json"), 1 << 20);
+  const auto index = nlohmann::json::parse(std::string(bytes.data(), bytes.size()));
+  EXPECT_EQ(index["metadata"]["total_size"], 1440);
+  EXPECT_EQ(index["metadata"]["total_parameters"], 360);
+  EXPECT_EQ(index["weight_map"]["embed.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["blocks.0.w"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["blocks.1.w"], "model-00002-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["norm.weight"], "model-00003-of-00003.safetensors");
+  // Every tensor is in the shard the index names, with its values.
+  for (const auto& [tensor_name, tensor] : tensors) {
+    const std::string& name = tensor_name;
+    const auto shard = load_safetensors(dir.file(index["weight_map"][name].get<std::string>()));
+    const auto found = std::find_if(shard.begin(), shard.end(),
+                                    [&](const auto& item) { return item.first == name; });
+    ASSERT_NE(found, shard.end()) << name;
+    EXPECT_TRUE(found->second.equal(tensor)) << name;
+  }
+
+  // Back to one file: the shards and the index of the previous save go; other files stay.
+  mantissa::io::write_file_atomically(dir.file("config.json"), "{}\n");
+  save_pretrained_weights(dir.path(), tensors);
+  EXPECT_THAT(weight_files(dir.path()),
+              ::testing::ElementsAre("config.json", "model.safetensors"));
+}
+
+TEST(PretrainedWeightsTest, SizesAreReadAsSavePretrainedReadsThem) {
+  EXPECT_EQ(parse_shard_size("1000000"), 1000000);
+  EXPECT_EQ(parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(parse_shard_size("200KB"), 200'000);
+  EXPECT_EQ(parse_shard_size("1.5mib"), 1572864);
+  EXPECT_EQ(parse_shard_size("2GiB"), 2147483648);
+  for (const char* bad : {"", "GB", "5 TB", "-1GB", "0", "nan", "1e30GB"}) {
+    EXPECT_THAT(mantissa_test::value_error_of([&] { parse_shard_size(bad); }),
+                HasSubstr(std::string("max_shard_size \"") + bad + "\" is not a positive size"))
+        << bad;
+  }
+  TempDir dir;
+  EXPECT_THAT(mantissa_test::value_error_of([&] { save_pretrained_weights(dir.path(), {}); }),
+              HasSubstr("no tensors to save"));
+  EXPECT_THAT(
+      mantissa_test::value_error_of([&] { save_pretrained_weights(dir.path(), four_tensors(), 0); }),
+      HasSubstr("max_shard_size must be positive, got 0"));
 }
 
 }  // namespace

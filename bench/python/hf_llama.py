@@ -6,12 +6,14 @@
 The data is train_llama's: the Jargon File read as bytes, the first 5% held out, the rest cut
 into --block_size rows with labels = inputs (run_clm.py's group_texts). The model is
 `LlamaForCausalLM(LlamaConfig.from_json_file(--config))` with its default attention (sdpa).
-TrainingArguments as train_llama's defaults: use_cpu, bf16 for the bf16 mode (autocast),
+TrainingArguments as train_llama's defaults: use_cpu (or the GPU with --device cuda), bf16 for
+the bf16 mode (autocast),
 optim adamw_torch_fused (both sides' default), linear decay, max_grad_norm 1.0, weight decay 0,
 no logging, saving or evaluation, no dataloader workers; --torch_compile adds
 torch_compile=True.
 
-Timed: each optimizer step from one on_step_end to the next (a TrainerCallback); the speed is
+Timed: each optimizer step from one on_step_end to the next (a TrainerCallback; on the GPU after
+torch.cuda.synchronize(), so a step is its kernels' time, not its launches'); the speed is
 the median over the steps after --warmup. Prints one JSON line: tokens_per_second, params,
 mean_step_seconds."""
 
@@ -37,6 +39,7 @@ def main():
     p.add_argument("--learning_rate", type=float, default=3e-4)
     p.add_argument("--corpus", default="/usr/share/doc/jargon-text/jargon.txt.gz")
     p.add_argument("--torch_compile", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args()
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -63,12 +66,15 @@ def main():
 
     class Clock(transformers.TrainerCallback):
         def on_step_end(self, training_args, state, control, **kwargs):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
             ends.append(time.perf_counter())
 
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory(prefix="hf-llama-bench-") as output_dir:
         training_args = transformers.TrainingArguments(
-            output_dir=output_dir, use_cpu=True, bf16=args.precision == "bf16", max_steps=total,
+            output_dir=output_dir, use_cpu=args.device == "cpu", bf16=args.precision == "bf16",
+            max_steps=total,
             per_device_train_batch_size=args.batch_size, learning_rate=args.learning_rate,
             optim="adamw_torch_fused", weight_decay=0.0, lr_scheduler_type="linear",
             max_grad_norm=1.0, seed=42, dataloader_num_workers=0, logging_strategy="no",

@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <mantissa/io/pretrained_weights.h>
 #include <mantissa/io/safetensors.h>
 
 #include "io/atomic_file.h"
@@ -111,43 +112,7 @@ std::map<std::string, std::string> read_weight_map(const std::string& path) {
   return map;
 }
 
-std::string shard_name(std::size_t index, std::size_t count) {
-  char name[64];
-  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index, count);
-  return name;
-}
-
-bool is_shard_name(const std::string& name) {
-  unsigned a = 0, b = 0;
-  char tail[32] = {};
-  return std::sscanf(name.c_str(), "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 &&
-         std::string(tail) == "safetensors";
-}
-
 }  // namespace
-
-std::int64_t parse_shard_size(const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    TORCH_CHECK_VALUE(
-        false, "max_shard_size \"", text,
-        "\" is not a size (a byte count, or a number with KB, MB, GB, KiB, MiB, GiB)");
-  }
-  auto unit = text.substr(used);
-  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::map<std::string, double> units = {
-      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
-      {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
-  const auto it = units.find(unit);
-  TORCH_CHECK_VALUE(it != units.end() && value > 0 && value * it->second < 9e18,
-                    "max_shard_size \"", text,
-                    "\" is not a positive size (a byte count, or a number with KB, MB, GB, KiB, "
-                    "MiB, GiB)");
-  return static_cast<std::int64_t>(value * it->second);
-}
 
 bool has_pretrained_weights(const std::string& dir) {
   return io::path_exists(io::join_path(dir, kSingleFile)) ||
@@ -192,53 +157,10 @@ void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,
 void save_pretrained(const LlamaConfig& config,
                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                      const std::string& dir, std::int64_t max_shard_size) {
-  TORCH_CHECK_VALUE(max_shard_size > 0, "max_shard_size must be positive, got ", max_shard_size);
   TORCH_CHECK_VALUE(!tensors.empty(), "save_pretrained: no weights to save");
-  io::create_directories(dir);
-  const auto dtype = tensors.front().second.scalar_type();
-
-  // Greedy shards in parameter order, as HF splits them; a tensor larger than the limit gets
-  // a shard of its own.
-  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
-  std::int64_t shard_bytes = 0, total_bytes = 0, total_numel = 0;
-  for (const auto& item : tensors) {
-    const auto bytes = static_cast<std::int64_t>(item.second.nbytes());
-    if (!shards.back().empty() && shard_bytes + bytes > max_shard_size) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(item);
-    shard_bytes += bytes;
-    total_bytes += bytes;
-    total_numel += item.second.numel();
-  }
-
-  std::set<std::string> written;
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  if (shards.size() == 1) {
-    io::save_safetensors(io::join_path(dir, kSingleFile), tensors, metadata);
-    written.insert(kSingleFile);
-  } else {
-    Json weight_map = Json::object();
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      const auto name = shard_name(i + 1, shards.size());
-      io::save_safetensors(io::join_path(dir, name), shards[i], metadata);
-      for (const auto& item : shards[i]) weight_map[item.first] = name;
-      written.insert(name);
-    }
-    Json index = {{"metadata", {{"total_parameters", total_numel}, {"total_size", total_bytes}}},
-                  {"weight_map", weight_map}};
-    io::write_file_atomically(io::join_path(dir, kIndexFile), index.dump(2) + "\n");
-    written.insert(kIndexFile);
-  }
-  // A model.safetensors left from an earlier, smaller save would be read instead of the
-  // shards (and old shards would be listed by nothing); remove what this save did not write.
-  for (const auto& name : io::list_directory(dir)) {
-    const bool weights = name == kSingleFile || name == kIndexFile || is_shard_name(name);
-    if (weights && !written.count(name)) io::remove_all(io::join_path(dir, name));
-  }
+  io::save_pretrained_weights(dir, tensors, max_shard_size);
   io::write_file_atomically(io::join_path(dir, "config.json"),
-                            config.to_json(dtype).dump(2) + "\n");
+                            config.to_json(tensors.front().second.scalar_type()).dump(2) + "\n");
 }
 
 }  // namespace mantissa::examples::llama

@@ -6,17 +6,17 @@
 #include <cstdint>
 #include <string>
 
+#include <mantissa/io/pretrained_weights.h>
+
 #include "llama_model.h"
 
 namespace mantissa::examples::llama {
 
 /// HF's default `max_shard_size` of `save_pretrained` in transformers 5.x: "50GB".
-inline constexpr std::int64_t kDefaultMaxShardSize = 50'000'000'000;
+inline constexpr std::int64_t kDefaultMaxShardSize = io::kDefaultMaxShardSize;
 
-/// Parses a size as `save_pretrained(max_shard_size=...)` takes it: a byte count ("1000000")
-/// or a number with a unit, decimal "KB", "MB", "GB" or binary "KiB", "MiB", "GiB"
-/// ("5GB" = 5 * 10^9 bytes). Raises c10::ValueError naming the text otherwise.
-std::int64_t parse_shard_size(const std::string& text);
+/// `io::parse_shard_size`: "5GB", "500MiB", a byte count.
+using io::parse_shard_size;
 
 /// Whether `dir` holds weights `load_pretrained` can read: model.safetensors or
 /// model.safetensors.index.json.
@@ -32,11 +32,9 @@ bool has_pretrained_weights(const std::string& dir);
 void load_pretrained(LlamaForCausalLM& model, const std::string& dir);
 
 /// Writes `model` as a folder `from_pretrained` reads: config.json (`config.to_json`, dtype
-/// from the parameters) and the weights under HF's names, in one model.safetensors when they
-/// fit in `max_shard_size` bytes, else in shards model-0000k-of-0000n.safetensors (in
-/// parameter order, a new shard started when the next tensor would pass the limit) with
-/// model.safetensors.index.json. Weight files of an earlier save in `dir` that this layout
-/// does not use are removed, so `from_pretrained` cannot pick up stale weights. Python:
+/// from the parameters) and the weights under HF's names through `io::save_pretrained_weights`
+/// (one model.safetensors up to `max_shard_size` bytes, else shards with their index; stale
+/// weight files of an earlier save removed). Python:
 /// `model.save_pretrained(dir, max_shard_size=...)`. Each file is written atomically. Syncs
 /// with the device (copies to the CPU).
 void save_pretrained(const LlamaForCausalLM& model, const std::string& dir,

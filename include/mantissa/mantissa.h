@@ -22,6 +22,7 @@
 #include <mantissa/fp8/scaling_state.h>
 #include <mantissa/gradient_checkpointing_kwargs.h>
 #include <mantissa/integrations.h>
+#include <mantissa/io/pretrained_weights.h>
 #include <mantissa/io/safetensors.h>
 #include <mantissa/lr_scheduler.h>
 #include <mantissa/lr_scheduler_kwargs.h>

@@ -197,10 +197,11 @@ class Trainer {
   }
 
   /// Writes `model.safetensors` (the model's full state, whatever the strategy holds on each
-  /// process), `config.json` for a model that is an `nn::HasPretrainedConfig` (so that
-  /// `from_pretrained(dir)` loads it in Python) and `training_args.json` into `dir`, on the
-  /// processes that save. In a job of
-  /// several processes every process calls it, as in Python. Python: `trainer.save_model(dir)`.
+  /// process; above 50 GB, HF's default, shards with their index, as `save_pretrained` does:
+  /// `io::save_pretrained_weights`), `config.json` for a model that is an
+  /// `nn::HasPretrainedConfig` (so that `from_pretrained(dir)` loads it in Python) and
+  /// `training_args.json` into `dir`, on the processes that save. In a job of several
+  /// processes every process calls it, as in Python. Python: `trainer.save_model(dir)`.
   void save_model(const std::string& dir) const;
   /// The model's whole state (parameters then buffers, under HF's names) as full tensors on the
   /// processes that save (rank 0); other processes get an empty list. Under full sharding

@@ -210,6 +210,11 @@ void GradScaler::check_inf_per_device(torch::optim::Optimizer& optimizer) {
 void GradScaler::reduce_found_inf(
     std::vector<std::pair<c10::Device, at::Tensor>>& per_device) const {
   if (!found_inf_reduction_) return;
+  // The reduction is a collective: a process whose optimizer saw no gradient (it owns no tensor
+  // that had one this step) still takes part, with a flag of 0 on the scale's device.
+  if (per_device.empty()) {
+    per_device.emplace_back(scale_.device(), at::zeros({}, scale_.options().dtype(at::kFloat)));
+  }
   for (auto& [device, flag] : per_device) found_inf_reduction_(flag);
 }
 

@@ -165,36 +165,60 @@ std::int64_t MasterWeights::bytes_per_parameter() const {
 }
 
 void MasterWeights::save(torch::serialize::OutputArchive& archive) const {
-  archive.write("masters/size", at::tensor(static_cast<std::int64_t>(master_params_.size())));
-  for (std::size_t i = 0; i < master_params_.size(); ++i) {
-    archive.write("masters/" + std::to_string(i), master_params_[i].detach(), /*is_buffer=*/true);
+  save(archive, model_params_);
+}
+
+void MasterWeights::save(torch::serialize::OutputArchive& archive,
+                         const std::vector<at::Tensor>& model_params) const {
+  const auto masters = masters_for(model_params);
+  archive.write("masters/size", at::tensor(static_cast<std::int64_t>(masters.size())));
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    archive.write("masters/" + std::to_string(i), masters[i].detach(), /*is_buffer=*/true);
   }
 }
 
 void MasterWeights::load(torch::serialize::InputArchive& archive) {
+  std::vector<std::size_t> positions(model_params_.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = i;
+  load(archive, model_params_, positions, model_params_.size());
+}
+
+void MasterWeights::load(torch::serialize::InputArchive& archive,
+                         const std::vector<at::Tensor>& model_params,
+                         const std::vector<std::size_t>& positions, std::size_t archive_size) {
+  TORCH_CHECK_VALUE(positions.size() == model_params.size(),
+                    "MasterWeights::load: ", positions.size(), " positions for ",
+                    model_params.size(), " parameters");
+  const auto masters = masters_for(model_params);
   at::Tensor size;
   archive.read("masters/size", size);
-  const auto count = size.item<std::int64_t>();
-  TORCH_CHECK_VALUE(count == static_cast<std::int64_t>(master_params_.size()),
+  const auto count = size.numel() == 1 ? size.item<std::int64_t>() : -1;
+  TORCH_CHECK_VALUE(count == static_cast<std::int64_t>(archive_size),
                     "MasterWeights::load: the archive holds ", count, " masters, this model has ",
-                    master_params_.size(), " parameters");
-  std::vector<at::Tensor> saved(master_params_.size());
-  for (std::size_t i = 0; i < master_params_.size(); ++i) {
-    archive.read("masters/" + std::to_string(i), saved[i], /*is_buffer=*/true);
-    TORCH_CHECK_VALUE(saved[i].sizes() == master_params_[i].sizes(), "MasterWeights::load: master ",
-                      i, " has shape ", saved[i].sizes(), " in the archive but ",
-                      master_params_[i].sizes(), " in the model");
-    TORCH_CHECK_VALUE(at::isFloatingType(saved[i].scalar_type()), "MasterWeights::load: master ", i,
+                    archive_size, " parameters");
+  std::vector<at::Tensor> saved(masters.size());
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    const auto k = positions[i];
+    TORCH_CHECK_VALUE(k < archive_size, "MasterWeights::load: position ", k, " of parameter ", i,
+                      " is past the archive's ", archive_size, " masters");
+    archive.read("masters/" + std::to_string(k), saved[i], /*is_buffer=*/true);
+    TORCH_CHECK_VALUE(saved[i].sizes() == masters[i].sizes(), "MasterWeights::load: master ", k,
+                      " has shape ", saved[i].sizes(), " in the archive but ", masters[i].sizes(),
+                      " in the model");
+    TORCH_CHECK_VALUE(at::isFloatingType(saved[i].scalar_type()), "MasterWeights::load: master ", k,
                       " is ", saved[i].scalar_type(), ", not a floating-point tensor");
     // Checked before anything is copied: NaN weights would make every later loss NaN.
     if (const auto bad = mantissa::detail::find_nonfinite(saved[i])) {
-      TORCH_CHECK_VALUE(false, "MasterWeights::load: master ", i,
+      TORCH_CHECK_VALUE(false, "MasterWeights::load: master ", k,
                         " holds NaN or infinite values: ", bad->text());
     }
   }
   at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < master_params_.size(); ++i) master_params_[i].copy_(saved[i]);
-  copy_masters_to_model();
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    auto master = masters[i];
+    master.copy_(saved[i]);
+    if (!master.is_same(model_params[i])) model_params[i].copy_(master);
+  }
 }
 
 bool warn_pure_low_precision_once(c10::ScalarType dtype) {

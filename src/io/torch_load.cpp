@@ -243,7 +243,8 @@ c10::IValue load_torch_bytes(std::vector<char> bytes) {
 
 c10::IValue load_torch_file(const std::string& path) { return load_torch_bytes(read_file(path)); }
 
-void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive) {
+void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive,
+                        std::optional<c10::Device> device) {
   auto file = std::make_shared<FileReader>(path);
   {
     const std::string what = "'" + path + "'";
@@ -255,7 +256,7 @@ void load_torch_archive(const std::string& path, torch::serialize::InputArchive&
   }
   archive.load_from(
       [file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
-      [file] { return static_cast<std::size_t>(file->size()); });
+      [file] { return static_cast<std::size_t>(file->size()); }, device);
   for (const auto& key : archive.keys()) {
     c10::IValue value;
     archive.read(key, value);

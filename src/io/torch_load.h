@@ -16,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/serialize/input-archive.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,9 @@ c10::IValue load_torch_file(const std::string& path);
 /// bounds-checked adapter, then checks every tensor in it against its storage as
 /// `load_torch_bytes` does. No size limit (an optimizer's state can be large). Python has no
 /// equivalent (these are TorchScript modules: `torch.jit.load`). No device sync.
-void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive);
+/// With `device`, every tensor is read onto it instead of the device it was saved from.
+void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive,
+                        std::optional<c10::Device> device = std::nullopt);
 
 /// Throws a c10::ValueError naming `where` unless every tensor reachable from `value` (through
 /// lists, tuples, dicts and object attributes) is strided, has a non-negative offset and

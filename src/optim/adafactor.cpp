@@ -162,7 +162,7 @@ at::Tensor Adafactor::step(LossClosure closure) {
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdafactorOptions&>(group.options());
     for (auto& p : group.params()) {
-      const auto tensor_index = index++;
+      const auto tensor_index = rounding_index(index++);
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "Adafactor does not take sparse gradients");
       const bool low_precision = amp::is_low_precision(p.scalar_type());

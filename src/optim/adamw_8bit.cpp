@@ -266,7 +266,7 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
     const auto& o = static_cast<const AdamW8bitOptions&>(group.options());
     const auto [beta1, beta2] = o.betas();
     for (auto& p : group.params()) {
-      const auto tensor_index = index++;
+      const auto tensor_index = rounding_index(index++);
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "AdamW8bit does not take sparse gradients");
       auto& slot = state_[p.unsafeGetTensorImpl()];

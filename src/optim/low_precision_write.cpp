@@ -7,6 +7,9 @@
 #include <mantissa/amp/master_weights.h>
 
 #include "optim/low_precision_rounding.h"
+#ifdef MANTISSA_WITH_CUDA
+#include "optim/low_precision_write_cuda.h"
+#endif
 
 namespace mantissa::optim::detail {
 namespace {
@@ -48,12 +51,26 @@ void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
   if (rule == LowPrecisionUpdate::kKahan && !comp.defined()) {
     comp = at::zeros_like(param, at::MemoryFormat::Contiguous);
   }
+#ifdef MANTISSA_WITH_CUDA
+  if (param.is_cuda()) {
+    TORCH_INTERNAL_ASSERT(target.device() == param.device() &&
+                          (!comp.defined() || comp.device() == param.device()));
+    auto out = param.is_contiguous() ? param : param.contiguous();
+    const auto in = target.contiguous();
+    auto c = rule == LowPrecisionUpdate::kKahan ? comp.contiguous() : at::Tensor();
+    cuda::write_low_precision(out, in, rule == LowPrecisionUpdate::kKahan, c, key);
+    if (!out.is_same(param)) param.copy_(out);
+    if (c.defined() && !c.is_same(comp)) comp.copy_(c);
+    return;
+  }
+#endif
   if (!param.is_cpu()) {
-    // No kernel of its own on a GPU: the same elements written on the host (same bits), at the
-    // cost of a round trip.
-    TORCH_WARN_ONCE(optimizer, ": low_precision_update ", to_string(rule),
-                    " writes a GPU parameter through host memory (a copy each way per step); "
-                    "FusedAdamW has a kernel for it, or train with fp32 master weights");
+    // A device without a kernel here: the same elements written on the host (same bits), at
+    // the cost of a round trip.
+    TORCH_WARN_ONCE(optimizer, ": low_precision_update ", to_string(rule), " writes a ",
+                    param.device().type(),
+                    " parameter through host memory (a copy each way per step); train with "
+                    "fp32 master weights to avoid it");
     auto p_host = param.cpu();
     auto c_host = comp.defined() ? comp.cpu() : at::Tensor();
     write_low_precision_(p_host, target.cpu(), rule, c_host, key, optimizer);

@@ -26,9 +26,9 @@ struct RoundingKey {
 /// parameter's dtype and shape, updated in place; made as zeros on the first Kahan write when
 /// undefined, so an optimizer passes its state's buffer) and feeds it into this write; and
 /// `kStochasticRounding` rounds each element up or down with the bits FusedAdamW would draw for
-/// it under `key`. Element for element the same results as FusedAdamW's kernels. Kahan and
-/// stochastic rounding are computed on the host: a CUDA tensor goes there and back (a sync,
-/// warned about once, naming `optimizer`); no sync on the CPU.
+/// it under `key`. Element for element the same results as FusedAdamW's kernels, on the CPU
+/// and, in a kernel of its own (low_precision_write_cuda.cu), on a GPU of a CUDA build; another
+/// device goes through the host (a sync, warned about once, naming `optimizer`). No sync.
 void write_low_precision_(const at::Tensor& param, const at::Tensor& target,
                           LowPrecisionUpdate rule, at::Tensor& comp, const RoundingKey& key,
                           const char* optimizer);

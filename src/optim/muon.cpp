@@ -10,6 +10,10 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
+#include <mantissa/amp/master_weights.h>
+
+#include "optim/low_precision_write.h"
+
 namespace mantissa::optim {
 namespace {
 
@@ -41,17 +45,34 @@ double adjusted_lr(double lr, MuonAdjustLr fn, at::IntArrayRef shape) {
   return lr;
 }
 
-void muon_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o) {
+// How a pure bf16/fp16 tensor's new weight is written (`rule` kNearest for the others): with
+// kNearest the update runs in the tensor's dtype, as PyTorch's; else in fp32, written by the
+// rule under `key`.
+struct WriteRule {
+  LowPrecisionUpdate rule = LowPrecisionUpdate::kNearest;
+  detail::RoundingKey key;
+};
+
+void muon_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o, WriteRule write) {
   const auto& grad = p.grad();
   if (!state.momentum_buffer().defined()) state.momentum_buffer(at::zeros_like(grad));
+  state.step(state.step() + 1);
   auto& buf = state.momentum_buffer();
   buf.lerp_(grad, 1 - o.momentum());
   const auto update = muon_orthogonalise(o.nesterov() ? grad.lerp(buf, o.momentum()) : buf, o);
-  p.mul_(1 - o.lr() * o.weight_decay());
-  p.add_(update, -adjusted_lr(o.lr(), o.adjust_lr_fn(), p.sizes()));
+  const double lr = adjusted_lr(o.lr(), o.adjust_lr_fn(), p.sizes());
+  if (write.rule == LowPrecisionUpdate::kNearest) {
+    p.mul_(1 - o.lr() * o.weight_decay());
+    p.add_(update, -lr);
+    return;
+  }
+  auto target = p.to(at::kFloat).mul_(1 - o.lr() * o.weight_decay());
+  target.add_(update.to(at::kFloat), -lr);
+  write.key.step = static_cast<std::uint32_t>(state.step());
+  detail::write_low_precision_(p, target, write.rule, state.kahan_comp(), write.key, "Muon");
 }
 
-void adamw_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o) {
+void adamw_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o, WriteRule write) {
   const auto& grad = p.grad();
   if (!state.exp_avg().defined()) {
     state.exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
@@ -59,16 +80,27 @@ void adamw_update(at::Tensor& p, MuonParamState& state, const MuonOptions& o) {
   }
   const auto [beta1, beta2] = o.betas();
   state.step(state.step() + 1);
-  if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+  const bool nearest = write.rule == LowPrecisionUpdate::kNearest;
+  // Under a rule the new weight is computed in fp32 from the start, the decay included.
+  auto target = nearest ? p : p.to(at::kFloat);
+  if (o.weight_decay() != 0) target.mul_(1 - o.lr() * o.weight_decay());
   state.exp_avg().lerp_(grad, 1 - beta1);
   state.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
   const auto step = static_cast<double>(state.step());
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = o.lr() / bias_correction1;
-  const auto denom =
-      (state.exp_avg_sq().sqrt() / std::pow(bias_correction2, 0.5)).add_(o.adam_eps());
-  p.addcdiv_(state.exp_avg(), denom, -step_size);
+  if (nearest) {
+    const auto denom =
+        (state.exp_avg_sq().sqrt() / std::pow(bias_correction2, 0.5)).add_(o.adam_eps());
+    p.addcdiv_(state.exp_avg(), denom, -step_size);
+    return;
+  }
+  const auto denom = (state.exp_avg_sq().to(at::kFloat).sqrt() / std::pow(bias_correction2, 0.5))
+                         .add_(o.adam_eps());
+  target.addcdiv_(state.exp_avg().to(at::kFloat), denom, -step_size);
+  write.key.step = static_cast<std::uint32_t>(state.step());
+  detail::write_low_precision_(p, target, write.rule, state.kahan_comp(), write.key, "Muon");
 }
 
 }  // namespace
@@ -142,10 +174,11 @@ void MuonOptions::set_lr(const double lr) { this->lr(lr); }
 void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
   if (momentum_buffer().defined()) archive.write("momentum_buffer", momentum_buffer());
   if (exp_avg().defined()) {
-    archive.write("step", c10::IValue(step()));
     archive.write("exp_avg", exp_avg());
     archive.write("exp_avg_sq", exp_avg_sq());
   }
+  if (exp_avg().defined() || step() > 0) archive.write("step", c10::IValue(step()));
+  if (kahan_comp().defined()) archive.write("kahan_comp", kahan_comp());
 }
 
 void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -156,6 +189,7 @@ void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
   momentum_buffer(read_tensor("momentum_buffer"));
   exp_avg(read_tensor("exp_avg"));
   exp_avg_sq(read_tensor("exp_avg_sq"));
+  kahan_comp(read_tensor("kahan_comp"));
   c10::IValue value;
   step(archive.try_read("step", value) ? value.toInt() : 0);
 }
@@ -182,18 +216,24 @@ at::Tensor Muon::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  std::uint32_t index = 0;  // over all groups: the key of stochastic rounding, as FusedAdamW's
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const MuonOptions&>(group.options());
     for (auto& p : group.params()) {
+      const auto tensor_index = rounding_index(index++);
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "Muon does not take sparse gradients");
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) slot = std::make_unique<MuonParamState>();
       auto& state = static_cast<MuonParamState&>(*slot);
+      WriteRule write;
+      if (amp::is_low_precision(p.scalar_type())) {
+        write = {low_precision_update(), {stochastic_rounding_seed(), tensor_index, 0}};
+      }
       if (options.use_muon()) {
-        muon_update(p, state, options);
+        muon_update(p, state, options, write);
       } else {
-        adamw_update(p, state, options);
+        adamw_update(p, state, options, write);
       }
     }
   }
@@ -205,6 +245,21 @@ void Muon::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void Muon::load(torch::serialize::InputArchive& archive) {
+  // Muon keeps its three groups, empty or not; an archive of another count is refused here by
+  // name rather than by LibTorch's serialize.
+  torch::serialize::InputArchive groups;
+  at::Tensor saved_groups;
+  if (archive.try_read("param_groups", groups) &&
+      groups.try_read("param_groups/size", saved_groups) && saved_groups.numel() == 1) {
+    const auto count = saved_groups.item<std::int64_t>();
+    TORCH_CHECK_VALUE(count == static_cast<std::int64_t>(param_groups_.size()),
+                      "Muon: the archive holds ", count, " param groups, this optimizer has ",
+                      param_groups_.size(),
+                      " (the Muon group, AdamW's decaying and non-decaying groups, kept even "
+                      "when empty; builds before 2026-12-07 left an empty one out, and their "
+                      "optimizer.pt cannot be resumed: start a run from that checkpoint's "
+                      "model.safetensors instead)");
+  }
   torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
   std::size_t index = 0;
   for (auto& group : param_groups_) {
@@ -229,6 +284,13 @@ void Muon::load(torch::serialize::InputArchive& archive) {
       state.momentum_buffer(fit("momentum_buffer", state.momentum_buffer(), use_muon));
       state.exp_avg(fit("exp_avg", state.exp_avg(), !use_muon));
       state.exp_avg_sq(fit("exp_avg_sq", state.exp_avg_sq(), !use_muon));
+      if (state.kahan_comp().defined()) {
+        const auto comp = fit("kahan_comp", state.kahan_comp(), true);
+        TORCH_CHECK_VALUE(amp::is_low_precision(p.scalar_type()), "the state of parameter ",
+                          position, " has 'kahan_comp', but the parameter is ", p.scalar_type(),
+                          ": only bf16/fp16 parameters keep one");
+        state.kahan_comp(comp);
+      }
       TORCH_CHECK_VALUE(state.step() >= 0, "the state 'step' of parameter ", position, " is ",
                         state.step());
     }

@@ -4,6 +4,7 @@
 #include "io/json_reader.h"
 #include "trainer/resume_check.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -38,6 +39,20 @@ std::vector<std::string> differing_fields(const std::string& mine, const std::st
     }
   }
   return out;
+}
+
+// `bytes` in a host tensor of `length` bytes (>= its size), zero-padded: what the collectives
+// of bytes send.
+torch::Tensor byte_tensor(const std::string& bytes, std::int64_t length) {
+  auto data = torch::zeros({length}, torch::kUInt8);
+  std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  return data;
+}
+
+// The first `length` bytes of `tensor` (uint8, on any device).
+std::string string_of(const torch::Tensor& tensor, std::int64_t length) {
+  const auto host = tensor.cpu();
+  return std::string(static_cast<const char*>(host.data_ptr()), static_cast<std::size_t>(length));
 }
 
 }  // namespace
@@ -166,25 +181,101 @@ void Collectives::broadcast_module_states(torch::nn::Module& module, bool with_b
           [&] { c10d::broadcast_coalesced(group_, states, bucket_bytes, /*rank=*/0); });
 }
 
-void Collectives::broadcast_tensors(const std::vector<torch::Tensor>& tensors) const {
+void Collectives::broadcast_tensors(const std::vector<torch::Tensor>& tensors,
+                                    std::int64_t root) const {
   if (tensors.empty()) return;
-  guarded("copying rank 0's tensors to every process",
-          [&] { c10d::broadcast_coalesced(group_, tensors, kBroadcastBucketBytes, /*rank=*/0); });
+  guarded("copying one process's tensors to every process", [&] {
+    c10d::broadcast_coalesced(group_, tensors, kBroadcastBucketBytes, static_cast<int>(root));
+  });
 }
 
-std::string Collectives::broadcast_bytes(const std::string& bytes) const {
-  return guarded("copying rank 0's settings to every process", [&] {
+std::string Collectives::broadcast_bytes(const std::string& bytes, std::int64_t root) const {
+  return guarded("copying one process's bytes to every process", [&] {
     const auto on = torch::TensorOptions().device(device_);
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
     std::vector<torch::Tensor> size{
         torch::full({1}, static_cast<std::int64_t>(bytes.size()), on.dtype(torch::kLong))};
-    group_->broadcast(size)->wait();
+    group_->broadcast(size, options)->wait();
     const auto n = size[0].item<std::int64_t>();
-    auto data = torch::empty({n}, torch::kUInt8);
-    if (rank() == 0) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-    std::vector<torch::Tensor> payload{data.to(device_)};
-    group_->broadcast(payload)->wait();
-    const auto host = payload[0].cpu();
-    return std::string(static_cast<const char*>(host.data_ptr()), static_cast<std::size_t>(n));
+    std::vector<torch::Tensor> payload{
+        (rank() == root ? byte_tensor(bytes, n) : torch::empty({n}, torch::kUInt8)).to(device_)};
+    group_->broadcast(payload, options)->wait();
+    return string_of(payload[0], n);
+  });
+}
+
+std::vector<std::string> Collectives::gather_bytes(const std::string& bytes) const {
+  return guarded("gathering every process's bytes on rank 0", [&] {
+    const auto on = torch::TensorOptions().device(device_);
+    const auto world = world_size();
+    std::vector<torch::Tensor> mine{
+        torch::full({1}, static_cast<std::int64_t>(bytes.size()), on.dtype(torch::kLong))};
+    std::vector<std::vector<torch::Tensor>> sizes(1);
+    for (std::int64_t r = 0; r < world; ++r) sizes[0].push_back(torch::empty_like(mine[0]));
+    group_->allgather(sizes, mine)->wait();
+    const auto all_sizes = torch::cat(sizes[0]).cpu();  // one copy to the host
+    const std::vector<std::int64_t> lengths(all_sizes.data_ptr<std::int64_t>(),
+                                            all_sizes.data_ptr<std::int64_t>() + world);
+    const auto longest = *std::max_element(lengths.begin(), lengths.end());
+    // Every rank sends the longest length (gather takes tensors of one shape), zero-padded.
+    std::vector<torch::Tensor> input{
+        byte_tensor(bytes, std::max<std::int64_t>(longest, 1)).to(device_)};
+    std::vector<std::vector<torch::Tensor>> output;
+    if (rank() == 0) {
+      output.emplace_back();
+      for (std::int64_t r = 0; r < world; ++r) output[0].push_back(torch::empty_like(input[0]));
+    }
+    c10d::GatherOptions options;
+    options.rootRank = 0;
+    group_->gather(output, input, options)->wait();
+    std::vector<std::string> gathered;
+    if (rank() != 0) return gathered;
+    for (std::int64_t r = 0; r < world; ++r) {
+      auto& received = output[0][static_cast<std::size_t>(r)];
+      gathered.push_back(string_of(received, lengths[static_cast<std::size_t>(r)]));
+      received = torch::Tensor();  // off the device as soon as it is on the host
+    }
+    return gathered;
+  });
+}
+
+std::string Collectives::scatter_bytes(const std::vector<std::string>& for_each_rank) const {
+  const auto world = world_size();
+  if (rank() == 0) {
+    TORCH_INTERNAL_ASSERT(static_cast<std::int64_t>(for_each_rank.size()) == world,
+                          "scatter_bytes: ", for_each_rank.size(), " entries for ", world,
+                          " processes");
+  }
+  return guarded("sending each process its bytes from rank 0", [&] {
+    const auto on = torch::TensorOptions().device(device_);
+    // Rank 0's lengths to everyone, then each entry padded to the longest.
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(world), 0);
+    if (rank() == 0) {
+      for (std::int64_t r = 0; r < world; ++r) {
+        lengths[static_cast<std::size_t>(r)] =
+            static_cast<std::int64_t>(for_each_rank[static_cast<std::size_t>(r)].size());
+      }
+    }
+    std::vector<torch::Tensor> sizes{torch::tensor(lengths, torch::kLong).to(device_)};
+    group_->broadcast(sizes)->wait();
+    const auto host_sizes = sizes[0].cpu();
+    std::memcpy(lengths.data(), host_sizes.data_ptr(), lengths.size() * sizeof(std::int64_t));
+    const auto longest =
+        std::max<std::int64_t>(*std::max_element(lengths.begin(), lengths.end()), 1);
+    std::vector<torch::Tensor> output{torch::empty({longest}, on.dtype(torch::kUInt8))};
+    std::vector<std::vector<torch::Tensor>> input;
+    if (rank() == 0) {
+      input.emplace_back();
+      for (std::int64_t r = 0; r < world; ++r) {
+        input[0].push_back(
+            byte_tensor(for_each_rank[static_cast<std::size_t>(r)], longest).to(device_));
+      }
+    }
+    c10d::ScatterOptions options;
+    options.rootRank = 0;
+    group_->scatter(output, input, options)->wait();
+    return string_of(output[0], lengths[static_cast<std::size_t>(rank())]);
   });
 }
 

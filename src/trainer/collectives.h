@@ -70,10 +70,18 @@ class Collectives {
   /// Python: DDP's `_sync_module_states`.
   void broadcast_module_states(torch::nn::Module& module, bool with_buffers,
                                std::size_t bucket_bytes = 250 * 1024 * 1024) const;
-  /// Overwrites `tensors` with rank 0's, in place.
-  void broadcast_tensors(const std::vector<torch::Tensor>& tensors) const;
-  /// Rank 0's `bytes` on every rank.
-  std::string broadcast_bytes(const std::string& bytes) const;
+  /// Overwrites `tensors` with rank `root`'s, in place, in coalesced buckets.
+  void broadcast_tensors(const std::vector<torch::Tensor>& tensors, std::int64_t root = 0) const;
+  /// Rank `root`'s `bytes` on every rank (the other ranks' argument is ignored).
+  std::string broadcast_bytes(const std::string& bytes, std::int64_t root = 0) const;
+  /// Every rank's `bytes` on rank 0, in rank order; an empty list on the other ranks. Each
+  /// rank's bytes travel once, to rank 0 alone (one all-gather of the sizes, one gather of the
+  /// bytes padded to the longest). Python: `dist.gather_object(obj, object_gather_list, dst=0)`.
+  std::vector<std::string> gather_bytes(const std::string& bytes) const;
+  /// Rank 0's `for_each_rank[r]` on rank r (the other ranks' argument is ignored; rank 0's must
+  /// have one entry per rank). Each entry travels once, to its rank alone. Python:
+  /// `dist.scatter_object_list(output, input_list, src=0)`.
+  std::string scatter_bytes(const std::vector<std::string>& for_each_rank) const;
 
   /// The sum over ranks of each element of `values` (a copy; `values` is untouched).
   std::vector<double> sum(std::vector<double> values) const;

@@ -13,7 +13,8 @@
 namespace mantissa::detail {
 
 /// Several processes, each with the whole state; gradients averaged during backward.
-class DataParallel final : public ProcessGroupStrategy {
+/// `StateShardedDataParallel` derives from it to shard the optimizer state by whole tensors.
+class DataParallel : public ProcessGroupStrategy {
  public:
   /// A strategy over the job `collectives` joined, for a Trainer of `args` (see
   /// `ProcessGroupStrategy`).

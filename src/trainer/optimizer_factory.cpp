@@ -68,6 +68,19 @@ OptimizerParams weight_decay_params(const std::vector<torch::Tensor>& params,
   return out;
 }
 
+std::vector<double> learning_rates(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+void set_learning_rates(torch::optim::Optimizer& optimizer, const std::vector<double>& lrs) {
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size() && g < lrs.size(); ++g) {
+    groups[g].options().set_lr(lrs[g]);
+  }
+}
+
 TrainerOptimizer make_trainer_optimizer(const TrainingArguments& args,
                                         const OptimizerParams& params, amp::MasterWeights* masters,
                                         optim::LowPrecisionUpdate low_precision_update,

@@ -21,7 +21,9 @@ namespace mantissa::detail {
 /// the strategy's own order (where the fp32 masters are made from).
 struct OptimizerParams {
   /// Group 0 decays when `first_group_decays`; the other holds the 1-d tensors (biases,
-  /// normalisation weights). No group is empty.
+  /// normalisation weights). No group is empty, except in a process that owns none of a whole
+  /// group's tensors under the sharding by whole tensors (its groups stay those of the whole
+  /// model).
   std::vector<std::vector<torch::Tensor>> groups;
   bool first_group_decays = false;
   /// The model's name of each tensor of `groups`, parallel to them; empty where the tensors
@@ -56,6 +58,11 @@ struct TrainerOptimizer {
   /// Every param group's tensors, in order: what gradient clipping sees.
   std::vector<torch::Tensor> params;
 };
+
+/// Each param group's learning rate, in order. No sync.
+std::vector<double> learning_rates(const torch::optim::Optimizer& optimizer);
+/// Sets param group g's learning rate to `lrs[g]`, for the groups both have. No sync.
+void set_learning_rates(torch::optim::Optimizer& optimizer, const std::vector<double>& lrs);
 
 /// Builds the optimizer over `params` (each tensor's master when `masters` is not null):
 /// `factory` when given, else the one `args.optim` names with `learning_rate`, the Adam betas

@@ -3,14 +3,17 @@
 // collectives the loop needs, `DistributedSampler`'s data order, the evaluation gather, rank
 // 0's loss-scaler state and the collective checkpoint protocol, all over one `Collectives`.
 // `DataParallel` and `ShardedDataParallel` each derive from it and add their own gradient path
-// and optimizer; neither derives from the other.
+// and optimizer (`StateShardedDataParallel` is data parallel with the optimizer state sharded).
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "trainer/checkpoint_io.h"
 #include "trainer/collectives.h"
+#include "trainer/sharded/summed_norms.h"
 #include "trainer/strategy.h"
 
 namespace mantissa::detail {
@@ -52,6 +55,27 @@ class ProcessGroupStrategy : public Strategy {
   std::optional<std::string> gradient_checkpointing_blocker() const override;
   void copy_scaler_from_rank0(amp::GradScaler& scaler) const override;
 
+  /// What the checkpoints of a strategy whose processes each own whole tensors need to know
+  /// (`save_owned_state`, `load_owned_state`; src/trainer/owned_state.cpp).
+  struct OwnedState {
+    /// Gives `owned_by` for every owner at once.
+    static constexpr std::int64_t kEveryOwner = -1;
+    /// This process's optimizer, over the tensors it owns.
+    torch::optim::Optimizer* optimizer = nullptr;
+    /// The run's precision plan (whether there are fp32 masters, the low-precision rule).
+    PrecisionPlan plan;
+    /// Rank 0: tensors standing for the model's parameters, in the module's order, frozen ones
+    /// too: the module's own, or under full sharding zero stand-ins of the same shapes. What
+    /// the whole optimizer (and masters) of a checkpoint are built over.
+    std::function<std::vector<torch::Tensor>()> whole_params;
+    /// HF's weight-decay groups of `params` (as `whole_params` gives them, or this process's
+    /// own tensors in the same places) holding the tensors rank `owner` owns (all of them for
+    /// `kEveryOwner`), named, empty groups kept: what that rank's optimizer was built over,
+    /// in the same order.
+    std::function<OptimizerParams(std::int64_t owner, const std::vector<torch::Tensor>& params)>
+        owned_by;
+  };
+
  protected:
   /// A strategy over the job `collectives` joined, for a Trainer of `args`. Checks that every
   /// process was given the same arguments (a collective; `is_execution_detail` fields may
@@ -70,6 +94,46 @@ class ProcessGroupStrategy : public Strategy {
   /// Written together (`CollectiveCheckpointIO`): rank 0, and each node's first process with
   /// `save_on_each_node`, write the files.
   CheckpointIO& checkpoint_io() override { return *checkpoint_io_; }
+
+  /// A checkpoint of the whole state (FULL_STATE_DICT) from processes that each own whole
+  /// tensors: every process's optimizer state (and masters) reaches rank 0 as the bytes of a
+  /// LibTorch archive, rank 0 moves each into the optimizer a data-parallel run holds and
+  /// writes the files that run writes. A collective.
+  void save_owned_state(const std::string& output_dir, const CheckpointParts& parts,
+                        const OwnedState& state);
+  /// The reverse: every process loads the model, scheduler, scaler and its random state; rank 0
+  /// reads optimizer.pt (and master_weights.pt) into the whole optimizer, checked as a
+  /// data-parallel run checks it, and sends each owner its tensors' state, at whatever number
+  /// of processes saved it. `parts.masters` are this process's own. A collective.
+  void load_owned_state(const std::string& dir, const CheckpointParts& parts,
+                        const OwnedState& state);
+  /// Copies this process's masters out of the checkpoint's master_weights.pt (every
+  /// parameter's master in the module's order, as a data-parallel run saves them), read on the
+  /// CPU so that only its own reach its device, then into the model; from the weights when the
+  /// checkpoint has none. `position(p)`: the module position of the model parameter whose
+  /// master `masters` holds; `count`: the module's number of parameters. Not a collective.
+  static void load_owned_masters(const std::string& dir, amp::MasterWeights& masters,
+                                 const std::function<std::size_t(const torch::Tensor&)>& position,
+                                 std::size_t count);
+  /// The optimizer side of a strategy whose processes own whole tensors, once `built`: where
+  /// each of its optimizer's tensors (or the model tensor behind a master) sits in
+  /// `whole_order`, the tensors a data-parallel run's optimizer lists in its order, found there
+  /// through `in_whole` (the tensor of `whole_order` that stands for a model tensor of this
+  /// process); stochastic rounding keyed by those places (a data-parallel run's draws); and
+  /// `scaler`'s inf/nan flag agreed across the processes. Returns the global norm's
+  /// bookkeeping, its norms taken on `device`. No sync.
+  sharded::OwnedTensorNorms own_whole_tensors(
+      const OptimizerSetup& built, const PrecisionPlan& plan, amp::GradScaler& scaler,
+      const std::vector<torch::Tensor>& whole_order,
+      const std::function<const c10::TensorImpl*(const torch::Tensor&)>& in_whole,
+      c10::Device device);
+  /// Why `set_optimizer_factory` cannot serve a strategy whose processes own whole tensors,
+  /// `mode` naming the fsdp mode: its checkpoints build the registry's optimizer for every
+  /// process's share.
+  static std::string owned_state_factory_blocker(const char* mode);
+  /// Replaces `tensor` by its sum over the processes (on its device): one allreduce, through
+  /// the backend's device when `tensor` lives elsewhere. A collective.
+  void sum_over_processes_(at::Tensor& tensor) const;
 
  private:
   std::shared_ptr<Collectives> collectives_;

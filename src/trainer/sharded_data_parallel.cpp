@@ -57,9 +57,13 @@ std::int64_t state_bytes_per_element(const optim::FusedAdamWOptions& options,
 
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<Collectives> collectives,
                                          const TrainingArguments& args,
-                                         const FsdpSettings& settings)
-    : ProcessGroupStrategy(std::move(collectives), args), settings_(settings) {
+                                         const FsdpSettings& settings, bool whole_tensors)
+    : ProcessGroupStrategy(std::move(collectives), args),
+      settings_(settings),
+      whole_tensors_(whole_tensors) {
   TORCH_INTERNAL_ASSERT(settings_.enabled, "ShardedDataParallel: fsdp is off");
+  TORCH_INTERNAL_ASSERT(!whole_tensors_ || full(),
+                        "ShardedDataParallel: whole tensors per shard under full sharding only");
 }
 
 ShardedDataParallel::~ShardedDataParallel() {
@@ -153,16 +157,22 @@ std::optional<std::string> ShardedDataParallel::cuda_graph_blocker() const {
       "captured graph would not replay");
 }
 
-OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module) {
+OptimizerParams ShardedDataParallel::flatten_parameters(torch::nn::Module& module) {
   TORCH_CHECK_VALUE(module_ == &module, "ShardedDataParallel: prepare_model saw another module");
   const auto whole = weight_decay_params(module.parameters(), nullptr);
   TORCH_CHECK_VALUE(!whole.groups.empty(), "the model has no parameter that requires grad");
   const auto& group = collectives().group();
   if (full()) {
-    const auto inputs = unit_inputs(whole.groups);
-    flat_ = std::make_unique<sharded::FlatParameters>(inputs, rank(), world_size(),
-                                                      std::numeric_limits<std::int64_t>::max(),
-                                                      sharded::FlatStorage::kShardsOnly);
+    auto inputs = unit_inputs(whole.groups);
+    // Whole tensors: one bucket per unit (and dtype), whatever the groups, so that the owners
+    // of a block's matrices and of its norms share one shard size. The optimizer's groups come
+    // from the parameters themselves (WholeTensorShardedDataParallel), not from the buckets.
+    if (whole_tensors_) {
+      for (auto& input : inputs) input.group = 0;
+    }
+    flat_ = std::make_unique<sharded::FlatParameters>(
+        inputs, rank(), world_size(), std::numeric_limits<std::int64_t>::max(),
+        sharded::FlatStorage::kShardsOnly, whole_tensors_);
     // The global norm sums the per-parameter norms in data parallel's order: group by group.
     std::unordered_map<const c10::TensorImpl*, std::size_t> index;
     for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -185,6 +195,11 @@ OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module)
     flat_ = std::make_unique<sharded::FlatParameters>(whole.groups, rank(), world_size(),
                                                       args().resolved_ddp_bucket_cap_mb() * kMiB);
   }
+  return whole;
+}
+
+OptimizerParams ShardedDataParallel::optimizer_params(torch::nn::Module& module) {
+  const auto whole = flatten_parameters(module);
   // This process's shard of each bucket, in bucket order, and grouped as the buckets are.
   OptimizerParams shards;
   shards.first_group_decays = whole.first_group_decays;
@@ -290,30 +305,33 @@ std::pair<std::int64_t, std::int64_t> ShardedDataParallel::optimizer_state_bytes
   return {mine, unsharded};
 }
 
+ShardedDataParallel::HeldBytes ShardedDataParallel::held_bytes() const {
+  HeldBytes held;
+  for (const auto& bucket : flat_->layout().buckets) {
+    const auto element = static_cast<std::int64_t>(c10::elementSize(bucket.dtype));
+    held.shards += bucket.shard_numel * element;
+    held.whole += bucket.numel * element;
+  }
+  for (std::size_t u = 1; units_ != nullptr && u < units_->size(); ++u) {
+    held.largest_block_gather = std::max(held.largest_block_gather, units_->gathered_bytes(u));
+  }
+  return held;
+}
+
 std::string ShardedDataParallel::describe_optimizer_state() const {
   const auto [mine, unsharded] = optimizer_state_bytes();
   const auto& layout = flat_->layout();
   if (full()) {
     // Parameters and their gradients: shards here, whole tensors under data parallel.
-    std::int64_t shard_bytes = 0;
-    std::int64_t whole_bytes = 0;
-    for (const auto& bucket : layout.buckets) {
-      const auto element = static_cast<std::int64_t>(c10::elementSize(bucket.dtype));
-      shard_bytes += bucket.shard_numel * element;
-      whole_bytes += bucket.numel * element;
-    }
-    std::int64_t block_gather = 0;
-    for (std::size_t u = 1; u < units_->size(); ++u) {
-      block_gather = std::max(block_gather, units_->gathered_bytes(u));
-    }
+    const auto held = held_bytes();
     return fmt::format(
         "mantissa: rank {} holds parameters {}, gradients {} and optimizer state {} (1/{} "
         "shards of {} units, {} padding elements); gathering adds the root's {} for a step "
         "and a block's {} at most (two blocks at once while the next one's gather overlaps); "
         "data parallel would hold {} + {} + {} on every process",
-        rank(), bytes_text(shard_bytes), bytes_text(shard_bytes), bytes_text(mine), world_size(),
+        rank(), bytes_text(held.shards), bytes_text(held.shards), bytes_text(mine), world_size(),
         units_->size(), layout.padding_numel(), bytes_text(units_->gathered_bytes(0)),
-        bytes_text(block_gather), bytes_text(whole_bytes), bytes_text(whole_bytes),
+        bytes_text(held.largest_block_gather), bytes_text(held.whole), bytes_text(held.whole),
         bytes_text(unsharded));
   }
   return fmt::format(

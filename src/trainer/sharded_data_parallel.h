@@ -35,12 +35,14 @@ class UnitRunner;
 /// and a DDP run resume them, and a sharded run resumes theirs, at any world size. With
 /// SHARDED_STATE_DICT each process writes its own shard files instead, which a sharded run of
 /// any size resumes.
-class ShardedDataParallel final : public ProcessGroupStrategy {
+class ShardedDataParallel : public ProcessGroupStrategy {
  public:
   /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`), in the mode
-  /// `settings` ask for (`shards_grad_op()` or `shards_parameters()`).
+  /// `settings` ask for (`shards_grad_op()` or `shards_parameters()`). With `whole_tensors`
+  /// (full sharding only), each parameter lies whole in one process's shard
+  /// (`sharded::place_whole_tensors`), for `WholeTensorShardedDataParallel`.
   ShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args,
-                      const FsdpSettings& settings);
+                      const FsdpSettings& settings, bool whole_tensors = false);
   ~ShardedDataParallel() override;
 
   std::string describe() const override;
@@ -88,6 +90,7 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// "optimizer state per process: ... MiB (1/2 of the ... MiB data parallel holds)"; with full
   /// sharding the parameters, gradients and a unit's gather too.
   std::string describe_optimizer_state() const override;
+  bool reports_optimizer_state_bytes() const override { return true; }
 
   /// Full sharding: the whole parameters, gathered unit by unit (each freed before the next),
   /// copied to the CPU on rank 0; the other ranks get an empty list. A collective.
@@ -121,7 +124,7 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   /// the layout and options, so known before the first step. Pure host arithmetic.
   std::pair<std::int64_t, std::int64_t> optimizer_state_bytes() const;
 
- private:
+ protected:
   /// The module's parameters, or with `stand_ins` zero tensors of the sharded ones' shapes in
   /// their places (full sharding, where the module's own are empty outside a forward).
   std::vector<torch::Tensor> whole_params(bool stand_ins) const;
@@ -129,6 +132,32 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   std::vector<std::string> flat_param_names() const;
   /// Each `FlatParameters::params()`'s index in `module_->parameters()`.
   std::vector<std::size_t> module_positions() const;
+  /// Moves the parameters of HF's weight-decay groups into `flat_` (with full sharding, one
+  /// unit per block and the root, the parameters freed to their shards, and `units_` made),
+  /// and returns those groups as they were before. The first half of `optimizer_params`.
+  OptimizerParams flatten_parameters(torch::nn::Module& module);
+  /// Whether the parameters are sharded (full sharding) rather than kept whole.
+  bool full() const noexcept { return settings_.shards_parameters(); }
+  /// Bytes of the parameters under full sharding: this process's shards (its gradients' too),
+  /// the whole model's (what data parallel holds of each), and the largest block unit's
+  /// gather. From the layout; no sync.
+  struct HeldBytes {
+    std::int64_t shards = 0;
+    std::int64_t whole = 0;
+    std::int64_t largest_block_gather = 0;
+  };
+  HeldBytes held_bytes() const;
+
+  FsdpSettings settings_;
+  bool whole_tensors_ = false;
+  torch::nn::Module* module_ = nullptr;     ///< set by prepare_model
+  PrecisionPlan plan_;                      ///< set by setup_optimizer
+  std::vector<sharded::BlockUnit> blocks_;  ///< full sharding: units 1.., from prepare_model
+  std::unique_ptr<sharded::FlatParameters> flat_;
+  std::unique_ptr<sharded::GradientReduceScatter> grads_;
+  std::unique_ptr<sharded::ParameterUnits> units_;  ///< full sharding only
+
+ private:
   /// Loads the module's whole state from `source` into this process's shards (and the tensors
   /// every process keeps whole), strictly, checking every name, shape and dtype first.
   void load_model_from(torch::nn::Module& module, const sharded::TensorSource& source);
@@ -148,22 +177,13 @@ class ShardedDataParallel final : public ProcessGroupStrategy {
   std::vector<torch::Tensor> optimized_tensors(const OptimizerSetup& whole,
                                                const std::vector<torch::Tensor>& params) const;
 
-  /// Whether the parameters are sharded (full sharding) rather than kept whole.
-  bool full() const noexcept { return settings_.shards_parameters(); }
   /// The flat parameters in units: the root's first (its buckets come last in backward), then
   /// each block's, each unit's grouped by param group. Full sharding only.
   std::vector<sharded::FlatInput> unit_inputs(
       const std::vector<std::vector<torch::Tensor>>& groups) const;
 
-  FsdpSettings settings_;
-  torch::nn::Module* module_ = nullptr;     ///< set by prepare_model
-  PrecisionPlan plan_;                      ///< set by setup_optimizer
-  std::vector<sharded::BlockUnit> blocks_;  ///< full sharding: units 1.., from prepare_model
-  std::shared_ptr<UnitRunner> runner_;      ///< full sharding: installed on the model
-  std::unique_ptr<sharded::FlatParameters> flat_;
-  std::unique_ptr<sharded::GradientReduceScatter> grads_;
+  std::shared_ptr<UnitRunner> runner_;  ///< full sharding: installed on the model
   std::unique_ptr<sharded::ShardedAdamW> shards_;
-  std::unique_ptr<sharded::ParameterUnits> units_;  ///< full sharding only
 };
 
 }  // namespace mantissa::detail

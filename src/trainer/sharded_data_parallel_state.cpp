@@ -131,21 +131,8 @@ std::vector<torch::Tensor> ShardedDataParallel::whole_params(bool stand_ins) con
 
 OptimizerSetup ShardedDataParallel::unsharded_optimizer(
     const std::vector<torch::Tensor>& params) const {
-  OptimizerSetup whole;
-  if (plan_.weights == WeightsMode::kFp32Masters) {
-    whole.masters = std::make_unique<amp::MasterWeights>(params);
-  }
-  whole.optimizer = make_trainer_optimizer(args(), weight_decay_params(params, nullptr),
-                                           whole.masters.get(), plan_.low_precision_update,
-                                           /*factory=*/{});
-  // The learning rates the schedule has set (the other options are the arguments').
-  auto& groups = whole.optimizer.optimizer->param_groups();
-  const auto& sharded_groups = shards_->optimizer().param_groups();
-  TORCH_INTERNAL_ASSERT(groups.size() == sharded_groups.size());
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    groups[g].options().set_lr(sharded_groups[g].options().get_lr());
-  }
-  return whole;
+  return data_parallel_optimizer(args(), plan_, params, weight_decay_params(params, nullptr),
+                                 shards_->optimizer());
 }
 
 std::vector<std::size_t> ShardedDataParallel::module_positions() const {
@@ -228,11 +215,7 @@ void ShardedDataParallel::load_checkpoint(const std::string& dir, const Checkpoi
     load_full_checkpoint(dir, through_strategy);
   }
   // The learning rates the checkpoint's schedule had set, as optimizer.pt restores them.
-  const auto lrs = parts.scheduler->get_last_lr();
-  auto& groups = shards_->optimizer().param_groups();
-  for (std::size_t g = 0; g < groups.size() && g < lrs.size(); ++g) {
-    groups[g].options().set_lr(lrs[g]);
-  }
+  set_learning_rates(shards_->optimizer(), parts.scheduler->get_last_lr());
 }
 
 void ShardedDataParallel::load_full_checkpoint(const std::string& dir,

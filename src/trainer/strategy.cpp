@@ -1,11 +1,14 @@
 #include "trainer/strategy.h"
 
 #include <mantissa/clip_grad.h>
+#include <mantissa/optim/optimizer_registry.h>
 
 #include "trainer/data_parallel.h"
 #include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
 #include "trainer/single_process.h"
+#include "trainer/state_sharded_data_parallel.h"
+#include "trainer/whole_tensor_sharded_data_parallel.h"
 
 namespace mantissa::detail {
 
@@ -77,12 +80,40 @@ torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params
   return mantissa::clip_grad_norm_(params, max_norm);
 }
 
+OptimizerSetup data_parallel_optimizer(const TrainingArguments& args, const PrecisionPlan& plan,
+                                       const std::vector<torch::Tensor>& params,
+                                       const OptimizerParams& groups,
+                                       const torch::optim::Optimizer& learning_rates_of) {
+  OptimizerSetup whole;
+  if (plan.weights == WeightsMode::kFp32Masters) {
+    whole.masters = std::make_unique<amp::MasterWeights>(params);
+  }
+  whole.optimizer = make_trainer_optimizer(args, groups, whole.masters.get(),
+                                           plan.low_precision_update, /*factory=*/{});
+  const auto lrs = learning_rates(learning_rates_of);
+  TORCH_INTERNAL_ASSERT(whole.optimizer.optimizer->param_groups().size() == lrs.size(),
+                        "the whole optimizer has ",
+                        whole.optimizer.optimizer->param_groups().size(),
+                        " param groups, this process's ", lrs.size());
+  // The learning rates the schedule has set (the other options are the arguments').
+  set_learning_rates(*whole.optimizer.optimizer, lrs);
+  return whole;
+}
+
 std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device) {
   // The launcher's variables are read here and nowhere else in the Trainer.
   auto env = distributed::DistributedEnvironment::from_env();
   if (auto collectives = Collectives::join_if_launched(std::move(env), args, device)) {
     const auto fsdp = read_fsdp_settings(args.fsdp(), args.fsdp_config());
     if (fsdp.enabled) {
+      // validate() let only these two kinds of optimizer through.
+      if (!optim::find_optimizer(args.optim().name())->shardable) {
+        if (fsdp.shards_parameters()) {
+          return std::make_unique<WholeTensorShardedDataParallel>(std::move(collectives), args,
+                                                                  fsdp);
+        }
+        return std::make_unique<StateShardedDataParallel>(std::move(collectives), args);
+      }
       return std::make_unique<ShardedDataParallel>(std::move(collectives), args, fsdp);
     }
     return std::make_unique<DataParallel>(std::move(collectives), args);

@@ -9,7 +9,12 @@
 //   SingleProcess  a lone process (a null object: every collective is the value itself)
 //   DataParallel   several processes, c10d::Reducer averaging the gradients during backward
 //   ShardedDataParallel  several processes, gradients reduce-scattered and the optimizer state
-//                  sharded across them (ZeRO-2, `--fsdp shard_grad_op`)
+//                  sharded across them (ZeRO-2, `--fsdp shard_grad_op`; parameters too with
+//                  full sharding)
+//   StateShardedDataParallel  data parallel with the optimizer state sharded by whole
+//                  tensors (`--fsdp shard_grad_op` with Adafactor, Muon, 8-bit AdamW)
+//   WholeTensorShardedDataParallel  full sharding with each tensor whole in one process's
+//                  shard (a bare `--fsdp` with those optimizers)
 //
 // The methods that take or return data are collectives in a job of several processes: every
 // process calls them, in the same order. One process runs them without communicating.
@@ -46,6 +51,17 @@ struct OptimizerSetup {
   /// The optimizer, its FusedAdamW view and the tensors it updates.
   TrainerOptimizer optimizer;
 };
+
+/// The optimizer (and fp32 masters, when `plan` asks for them) a data-parallel run of `args`
+/// holds: the masters over `params` (the module's parameters in its order, or stand-ins of
+/// them), the optimizer over `groups` (HF's weight-decay groups of those tensors), each group's
+/// learning rate taken from `learning_rates_of` (a sharded process's optimizer, which the
+/// schedule has driven). What a sharded run's whole-state checkpoints are written from and
+/// read into. No sync.
+OptimizerSetup data_parallel_optimizer(const TrainingArguments& args, const PrecisionPlan& plan,
+                                       const std::vector<torch::Tensor>& params,
+                                       const OptimizerParams& groups,
+                                       const torch::optim::Optimizer& learning_rates_of);
 
 /// What a forward pass is run for, as `Strategy::forward_context` is told.
 struct ForwardPass {
@@ -239,6 +255,9 @@ class Strategy {
   virtual void after_optimizer_step() {}
   /// A line for the run's start about the optimizer state this process holds, or nothing.
   virtual std::string describe_optimizer_state() const { return {}; }
+  /// Whether that line already gives the state's bytes (known from a layout before the first
+  /// step), so that the Trainer does not count them again after the first update.
+  virtual bool reports_optimizer_state_bytes() const { return false; }
 
   // ---- checkpoints ---------------------------------------------------------------------------
 
@@ -271,7 +290,9 @@ class Strategy {
 
 /// The strategy the environment and `args` ask for: when a launcher started this process as
 /// one of several (`WORLD_SIZE` > 1; the process joins the job here, a collective),
-/// `ShardedDataParallel` with `--fsdp shard_grad_op` and `DataParallel` without; else
+/// `ShardedDataParallel` with `--fsdp` (for an optimizer the registry shards by whole
+/// tensors, `StateShardedDataParallel` under shard_grad_op and `WholeTensorShardedDataParallel`
+/// under full sharding) and `DataParallel` without; else
 /// `SingleProcess`. The only place that tells them apart.
 std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10::Device& device);
 

@@ -5,6 +5,7 @@
 #include <c10/util/StringUtil.h>
 #include <fmt/format.h>
 
+#include <mantissa/io/pretrained_weights.h>
 #include <mantissa/io/safetensors.h>
 
 #include "io/filesystem.h"
@@ -317,7 +318,8 @@ void Trainer::Impl::save_model(const std::string& dir) const {
   const auto state = strategy_->model_state_dict(*module_);
   if (!strategy_->should_save()) return;
   io::create_directories(dir);
-  io::save_safetensors(io::join_path(dir, "model.safetensors"), state, {{"format", "pt"}});
+  // One model.safetensors, or shards with their index above HF's 50 GB, as save_pretrained.
+  io::save_pretrained_weights(dir, state);
   detail::write_pretrained_config(dir, *module_, state);
   args_.save_json(io::join_path(dir, "training_args.json"));
 }

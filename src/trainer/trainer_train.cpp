@@ -117,11 +117,20 @@ TrainOutput Trainer::Impl::train(std::optional<std::string> resume) {
 void Trainer::Impl::report_optimizer_state_once() {
   if (optimizer_state_reported_) return;
   optimizer_state_reported_ = true;
-  // A strategy that shards the state said what each process holds when training started.
-  if (!strategy_->should_log() || !strategy_->describe_optimizer_state().empty()) return;
-  if (const auto size =
-          detail::measure_optimizer_state(*objects_.optimizer.optimizer, objects_.masters.get())) {
-    progress_->print(detail::describe_optimizer_state_size(*size));
+  // A strategy that counted its shards' bytes said so when training started.
+  if (strategy_->reports_optimizer_state_bytes()) return;
+  // Where the processes hold different shares (the state sharded by tensors), each says its own.
+  const bool per_process = !strategy_->describe_optimizer_state().empty();
+  if (!per_process && !strategy_->should_log()) return;
+  const auto size =
+      detail::measure_optimizer_state(*objects_.optimizer.optimizer, objects_.masters.get());
+  if (!size) return;
+  auto line = detail::describe_optimizer_state_size(*size);
+  if (per_process) line += fmt::format(" on rank {}", strategy_->rank());
+  if (strategy_->should_log()) {
+    progress_->print(line);
+  } else {
+    fmt::print(stderr, "{}\n", line);
   }
 }
 

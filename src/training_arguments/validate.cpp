@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <mantissa/optim/optimizer_registry.h>
 #include <mantissa/training_arguments.h>
@@ -401,19 +402,35 @@ void check_fsdp(const TrainingArguments& args) {
   const auto settings = detail::read_fsdp_settings(args.fsdp(), args.fsdp_config());
   if (!settings.enabled) return;
   const char* mode = settings.shards_parameters() ? "fsdp (full sharding)" : "fsdp shard_grad_op";
-  TORCH_CHECK_VALUE(optim::find_optimizer(args.optim().name())->shardable, mode,
-                    " shards mantissa's FusedAdamW; optim ", detail::repr(args.optim()),
-                    " cannot be sharded: use adamw_torch_fused (the default)");
+  const auto* spec = optim::find_optimizer(args.optim().name());
+  if (!spec->shardable) {
+    std::vector<std::string> by_tensor;
+    for (const auto& entry : optim::registered_optimizers()) {
+      if (entry.shards_whole_tensors && !entry.name.empty()) by_tensor.push_back(entry.name);
+    }
+    TORCH_CHECK_VALUE(spec->shards_whole_tensors, mode,
+                      " shards the state of adamw_torch_fused by flat element ranges, and that of ",
+                      c10::Join(", ", by_tensor), " by whole tensors; optim ",
+                      detail::repr(args.optim()),
+                      " cannot be sharded: use adamw_torch_fused (the default)");
+    TORCH_CHECK_VALUE(!settings.sharded_state_dict,
+                      "fsdp_config state_dict_type SHARDED_STATE_DICT writes the flat shards of "
+                      "adamw_torch_fused's state; optim ",
+                      detail::repr(args.optim()),
+                      " is sharded by whole tensors, whose checkpoints are FULL_STATE_DICT: "
+                      "leave state_dict_type out or set it to FULL_STATE_DICT");
+  }
   TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(), mode,
-                    " keeps the parameters in flat buffers, which casting the model for "
+                    " ties the optimizer's tensors to the parameters' storage (flat buffers, or "
+                    "each process's own tensors and masters), which casting the model for "
                     "bf16_full_eval or fp16_full_eval would replace; evaluate under autocast "
                     "instead (--bf16 or --fp16 without full_eval)");
   TORCH_CHECK_VALUE(!args.save_on_each_node(), mode,
                     " puts the optimizer state together on rank 0 to save it, so only rank 0 "
                     "can write checkpoints; save_on_each_node must be false");
   TORCH_CHECK_VALUE(!args.cuda_graph(), mode,
-                    " reduce-scatters gradients from autograd hooks, which a CUDA graph cannot "
-                    "replay; cuda_graph must be false");
+                    " reduces gradients from autograd hooks, which a CUDA graph cannot replay; "
+                    "cuda_graph must be false");
   TORCH_CHECK_VALUE(!(settings.activation_checkpointing && args.gradient_checkpointing()),
                     "fsdp_config's activation_checkpointing and --gradient_checkpointing both "
                     "ask to recompute the blocks in the backward; set one of them (HF refuses "

@@ -100,7 +100,9 @@ def main():
 
     # 4. A sample of the tests, run from the moved pack with a clean environment.
     run = subprocess.run([os.path.join(ROOT, "scripts/gpu-check"), "--prebuilt", pack, out,
-                          "--parts", "machine,cuda_tests,python,cpu_tests", "--select", SAMPLE],
+                          "--parts", "machine,cuda_tests,python,cpu_tests", "--select", SAMPLE,
+                          # The limits are the GPU machine's; this one runs beside other tests.
+                          "--time-scale", "4"],
                          env=dict({k: v for k, v in os.environ.items()
                                    if k != "LD_LIBRARY_PATH"}, MANTISSA_PYTHON=python),
                          capture_output=True, text=True)

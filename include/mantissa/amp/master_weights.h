@@ -123,6 +123,22 @@ class MasterWeights {
   /// value). Syncs (reads the count of non-finite values).
   void load(torch::serialize::InputArchive& archive);
 
+  /// `save` for the masters of `model_params` alone, in that order: what a MasterWeights built
+  /// over exactly those parameters writes. For a process that owns part of a model (the
+  /// sharding by whole tensors) and writes its share as a whole model's file would hold it.
+  /// Throws `c10::ValueError` for a tensor that is not one of the parameters this object was
+  /// built from. Syncs (the tensors are copied out).
+  void save(torch::serialize::OutputArchive& archive,
+            const std::vector<at::Tensor>& model_params) const;
+
+  /// `load` for the masters of `model_params` alone: `masters/<positions[i]>` of an archive that
+  /// `save` wrote for `archive_size` parameters becomes `model_params[i]`'s master, and those
+  /// parameters get its value. Checked as `load` checks (the count, each shape, floating-point,
+  /// finite) before anything is copied; the other masters are neither read nor touched. Python:
+  /// loading one rank's share of a whole model's masters. Syncs.
+  void load(torch::serialize::InputArchive& archive, const std::vector<at::Tensor>& model_params,
+            const std::vector<std::size_t>& positions, std::size_t archive_size);
+
  private:
   std::vector<at::Tensor> model_params_;
   std::vector<at::Tensor> master_params_;

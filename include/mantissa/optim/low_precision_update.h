@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -82,6 +84,18 @@ class LowPrecisionRules {
   }
   LowPrecisionUpdate low_precision_update() const noexcept { return low_precision_update_; }
   std::uint64_t stochastic_rounding_seed() const noexcept { return stochastic_rounding_seed_; }
+  /// The index, per tensor of the param groups in order, by which stochastic rounding keys its
+  /// bits (empty, the default: each tensor's own position over the groups, as FusedAdamW keys
+  /// them). A process that updates a share of the model's tensors (`--fsdp shard_grad_op` by
+  /// whole tensors) gives each tensor its position in the whole model's optimizer, so that its
+  /// draws are those of a run over the whole model.
+  void set_rounding_indices(std::vector<std::uint32_t> indices) {
+    rounding_indices_ = std::move(indices);
+  }
+  /// The key index of the tensor at `position` over the param groups.
+  std::uint32_t rounding_index(std::uint32_t position) const noexcept {
+    return position < rounding_indices_.size() ? rounding_indices_[position] : position;
+  }
 
  protected:
   ~LowPrecisionRules() = default;
@@ -89,6 +103,7 @@ class LowPrecisionRules {
  private:
   LowPrecisionUpdate low_precision_update_ = LowPrecisionUpdate::kNearest;
   std::uint64_t stochastic_rounding_seed_ = 0;
+  std::vector<std::uint32_t> rounding_indices_;
 };
 
 }  // namespace mantissa::optim

@@ -10,6 +10,7 @@
 #include <torch/serialize/archive.h>
 
 #include <mantissa/arg.h>
+#include <mantissa/optim/low_precision_update.h>
 
 namespace mantissa::optim {
 
@@ -70,7 +71,9 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
 
 /// Per-parameter state of `Muon`, under the keys of the Python optimizer that updates it:
 /// `momentum_buffer` (`torch.optim.Muon`) or `step`, `exp_avg`, `exp_avg_sq`
-/// (`torch.optim.AdamW`). In the parameter's dtype, as PyTorch keeps them.
+/// (`torch.optim.AdamW`). In the parameter's dtype, as PyTorch keeps them. A Muon tensor counts
+/// its steps too (the key of stochastic rounding; torch.optim.Muon keeps none), and a pure
+/// bf16/fp16 tensor under `LowPrecisionUpdate::kKahan` has `kahan_comp`.
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   /// Python: Muon's `state["momentum_buffer"]`.
   MANTISSA_ARG(at::Tensor, momentum_buffer);
@@ -80,6 +83,9 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   MANTISSA_ARG(at::Tensor, exp_avg);
   /// Python: AdamW's `state["exp_avg_sq"]`.
   MANTISSA_ARG(at::Tensor, exp_avg_sq);
+  /// The part of the updates a bf16/fp16 parameter lost to rounding, in its dtype: only under
+  /// `LowPrecisionUpdate::kKahan` (FusedAdamW's `kahan_comp`). PyTorch has no such key.
+  MANTISSA_ARG(at::Tensor, kahan_comp);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -94,8 +100,11 @@ at::Tensor muon_orthogonalise(const at::Tensor& update, const MuonOptions& optio
 /// Muon (Jordan et al., 2024) for the 2-d hidden weights with AdamW for the rest, one optimizer
 /// over both kinds of groups (`MuonOptions::use_muon`). Python: `torch.optim.Muon` over the
 /// `use_muon` groups plus `torch.optim.AdamW` over the others, stepped together. bf16/fp16
-/// parameters are updated in their own dtype, as PyTorch does. `step()` does not sync.
-class Muon : public torch::optim::Optimizer {
+/// parameters are updated in their own dtype, as PyTorch does, under
+/// `LowPrecisionUpdate::kNearest` (the default); under `kKahan` or `kStochasticRounding` the
+/// momentum and the moments stay in the parameter's dtype, the new weight is computed in fp32
+/// and written by the rule, as FusedAdamW writes it. `step()` does not sync.
+class Muon : public torch::optim::Optimizer, public LowPrecisionRules {
  public:
   /// Throws `c10::ValueError` naming the value for a negative lr, momentum or weight_decay, an
   /// ns_steps outside [1, 100), an AdamW beta outside [0, 1), and for a `use_muon` group

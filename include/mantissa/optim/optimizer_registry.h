@@ -100,8 +100,16 @@ struct OptimizerSpec {
   /// Applies `low_precision_update` kahan and stochastic_rounding to the bf16/fp16 tensors it
   /// updates without masters; `--low_precision_update auto` then picks kahan.
   bool low_precision_rules = false;
-  /// `--fsdp shard_grad_op` can shard its state (mantissa's FusedAdamW).
+  /// `--fsdp` (either mode) can shard its state by flat element ranges (mantissa's FusedAdamW).
   bool shardable = false;
+  /// `--fsdp` (either mode) can shard its state by whole tensors: each process keeps the state
+  /// (and fp32 masters) of the tensors it owns and updates them. Under shard_grad_op the
+  /// gradients are averaged whole as under data parallel and the owners broadcast the new
+  /// weights; under full sharding each tensor lies whole in its owner's shard, whose
+  /// reduce-scattered gradient it updates in place. For an optimizer whose update needs a whole
+  /// tensor (Adafactor's factored moments, Muon's orthogonalisation, 8-bit AdamW's block
+  /// scales) and whose state is per tensor, saved by its `save`.
+  bool shards_whole_tensors = false;
 };
 
 /// Adds `spec`. Throws `c10::ValueError` for a `name` already taken, one with a comma or a

@@ -92,6 +92,22 @@ def _read_option(key, value, where):
     raise AssertionError(key)
 
 
+def open_archive(path, caller):
+    """The levels every C++ optimizer.pt has, checked: the per-parameter states (by the
+    parameter's number), the ``param_groups`` level and its group count. ``caller`` names the
+    function in the error for a path that is not a regular file (refused without opening it)."""
+    _checks.check_regular_file(path, caller)
+    archive = torch.jit.load(os.fspath(path), map_location="cpu")
+    version = _get(archive._c, "pytorch_version", "the file")
+    if version != "1.5.0":
+        raise ValueError("optimizer.pt: unknown layout version "
+                         f"{_checks.shorten(version)} (expected '1.5.0')")
+    _level(archive._c, "state", "the file")
+    saved_states = dict(archive.state.named_children())
+    groups_archive = _level(archive._c, "param_groups", "the file")
+    return saved_states, groups_archive, _count(groups_archive, "param_groups/size", "param_groups")
+
+
 def load_optimizer_pt(path):
     """Reads an ``optimizer.pt`` written by mantissa's C++ ``FusedAdamW`` (or LibTorch's
     ``torch::optim::AdamW``) into the ``state_dict`` layout ``FusedAdamW.load_state_dict``
@@ -102,21 +118,17 @@ def load_optimizer_pt(path):
     options out of range, a NaN/inf moment, master or Kahan buffer, a negative second moment,
     a negative or fractional step, a negative count. A path that is not a regular file (a FIFO,
     a device) is refused without being opened."""
-    _checks.check_regular_file(path, "load_optimizer_pt")
-    archive = torch.jit.load(os.fspath(path), map_location="cpu")
-    version = _get(archive._c, "pytorch_version", "the file")
-    if version != "1.5.0":
-        raise ValueError("optimizer.pt: unknown layout version "
-                         f"{_checks.shorten(version)} (expected '1.5.0')")
-    _level(archive._c, "state", "the file")
-    saved_states = dict(archive.state.named_children())
-    groups_archive = _level(archive._c, "param_groups", "the file")
-    num_groups = _count(groups_archive, "param_groups/size", "param_groups")
+    saved_states, groups_archive, num_groups = open_archive(path, "load_optimizer_pt")
     state, param_groups, index, seen = {}, [], 0, {}
     for g in range(num_groups):
         where = f"param_groups/{g}"
         group_archive = _level(groups_archive, where, "param_groups")
         options = _level(group_archive, "options", where)
+        from mantissa.optim import archive_families  # it imports this module's readers
+        other = archive_families.family_of(options)
+        if other is not None:
+            raise ValueError(f"optimizer.pt: {where} holds the options of --optim {other}, not of "
+                             f"AdamW; read it with {archive_families.loader_name(other)}")
         group = dict(_checks.CPP_DEFAULTS)
         for key in _checks.CPP_DEFAULTS:
             if options.hasattr(key):

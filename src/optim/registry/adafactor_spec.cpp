@@ -69,6 +69,7 @@ OptimizerSpec adafactor_spec() {
   };
   spec.group_options = &adafactor_group_options;
   spec.low_precision_rules = true;
+  spec.shards_whole_tensors = true;
   return spec;
 }
 

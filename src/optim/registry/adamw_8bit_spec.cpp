@@ -76,6 +76,7 @@ OptimizerSpec adamw_8bit_spec() {
     return state->step().item<double>();
   };
   spec.group_options = &adamw_8bit_group_options;
+  spec.shards_whole_tensors = true;
   return spec;
 }
 

@@ -72,7 +72,10 @@ bool kept_on_adamw(const std::string& name, const std::vector<std::string>& patt
 
 std::unique_ptr<torch::optim::Optimizer> build_muon(OptimizerBuildInputs inputs) {
   const auto settings = muon_settings(inputs.args);
-  // Group 0 Muon (decaying), then AdamW's decaying and non-decaying groups; empty ones left out.
+  // Group 0 Muon (decaying), then AdamW's decaying and non-decaying groups, always all three,
+  // empty or not: the processes of a job that shards the state by whole tensors each build over
+  // their own tensors and must still agree on the groups (the scheduler and the checkpoint
+  // count them).
   std::vector<at::Tensor> muon, adamw_decay, adamw_no_decay;
   for (std::size_t g = 0; g < inputs.groups.size(); ++g) {
     const bool decays = g == 0 && inputs.first_group_decays;
@@ -90,13 +93,15 @@ std::unique_ptr<torch::optim::Optimizer> build_muon(OptimizerBuildInputs inputs)
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto add = [&](std::vector<at::Tensor> params, MuonOptions options) {
-    if (params.empty()) return;
     groups.emplace_back(std::move(params), std::make_unique<MuonOptions>(options));
   };
   add(std::move(muon), settings.muon);
   add(std::move(adamw_decay), settings.adamw);
   add(std::move(adamw_no_decay), MuonOptions(settings.adamw).weight_decay(0.0));
-  return std::make_unique<Muon>(std::move(groups), MuonOptions(settings.muon));
+  auto built = std::make_unique<Muon>(std::move(groups), MuonOptions(settings.muon));
+  built->set_low_precision_update(inputs.low_precision_update,
+                                  static_cast<std::uint64_t>(inputs.args.seed()));
+  return built;
 }
 
 StateTensors muon_tensors(const torch::optim::OptimizerParamState& base) {
@@ -104,7 +109,8 @@ StateTensors muon_tensors(const torch::optim::OptimizerParamState& base) {
   if (state == nullptr) return {};
   return {{"momentum_buffer", state->momentum_buffer()},
           {"exp_avg", state->exp_avg()},
-          {"exp_avg_sq", state->exp_avg_sq(), /*non_negative=*/true}};
+          {"exp_avg_sq", state->exp_avg_sq(), /*non_negative=*/true},
+          {"kahan_comp", state->kahan_comp()}};
 }
 
 std::vector<GroupOption> muon_group_options(const torch::optim::OptimizerOptions& base) {
@@ -139,6 +145,8 @@ OptimizerSpec muon_spec() {
     return static_cast<double>(state->step());
   };
   spec.group_options = &muon_group_options;
+  spec.low_precision_rules = true;
+  spec.shards_whole_tensors = true;
   return spec;
 }
 

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "checked_math.h"
+#include "trainer/sharded/tensor_owners.h"
 
 namespace mantissa::detail::sharded {
 
@@ -97,6 +98,43 @@ FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t w
     bucket.numel += spec.numel;
   }
   close(layout.buckets.back());
+  return layout;
+}
+
+FlatLayout place_whole_tensors(FlatLayout layout) {
+  const auto world = layout.world_size;
+  // The elements each rank owns so far: between ranks that own equally many of a bucket, its
+  // next tensor goes to the one that owns the least in the buckets before, so that a bucket of
+  // one tensor does not always fall to rank 0. The bucket's own balance comes first: it sets
+  // every rank's shard length.
+  std::vector<std::int64_t> owned(static_cast<std::size_t>(world), 0);
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+    auto& bucket = layout.buckets[b];
+    std::vector<std::int64_t> numels;
+    for (const auto& slot : bucket.slots) numels.push_back(slot.numel);
+    const auto owners = assign_tensor_owners(numels, world, owned);
+    const auto loads = owned_elements(numels, owners, world);
+    for (std::size_t r = 0; r < owned.size(); ++r) owned[r] += loads[r];
+    // Each owner's parameters back to back, each from an aligned element on.
+    const auto alignment = shard_alignment(bucket.dtype);
+    std::vector<std::int64_t> used(static_cast<std::size_t>(world), 0);
+    std::vector<std::int64_t> at_owner(bucket.slots.size(), 0);
+    for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+      auto& next = used[static_cast<std::size_t>(owners[s])];
+      at_owner[s] = next;
+      next = ceil_div(next + bucket.slots[s].numel, alignment) * alignment;
+    }
+    bucket.shard_numel = *std::max_element(used.begin(), used.end());
+    bucket.padded_numel = bucket.shard_numel * world;
+    for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+      bucket.slots[s].offset = owners[s] * bucket.shard_numel + at_owner[s];
+    }
+    std::stable_sort(bucket.slots.begin(), bucket.slots.end(),
+                     [](const FlatSlot& x, const FlatSlot& y) { return x.offset < y.offset; });
+    for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
+      layout.where[bucket.slots[s].param] = {b, s};
+    }
+  }
   return layout;
 }
 

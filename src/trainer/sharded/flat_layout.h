@@ -119,4 +119,15 @@ std::int64_t shard_alignment(c10::ScalarType dtype);
 FlatLayout plan_flat_layout(const std::vector<ParamSpec>& params, std::int64_t world_size,
                             std::int64_t bucket_cap_bytes);
 
+/// `layout` with each bucket's parameters moved so that every one lies whole in a single
+/// rank's shard: the parameters of a bucket get owners by `assign_tensor_owners` (largest first
+/// to the least-loaded rank, ties going to the rank that owns the least in the buckets before), each owner's
+/// parameters sit back to back in its shard in slot
+/// order, each starting on a `shard_alignment` boundary, and the shards grow to the largest
+/// owner's share (the other shards end in padding). For the optimizers whose update needs a
+/// whole tensor (`OptimizerSpec::shards_whole_tensors`) under full sharding: a reduce-scatter
+/// then hands each owner its tensors' whole gradients. `first_rank(slot)` is a slot's owner,
+/// and no slot `is_split`. Pure arithmetic.
+FlatLayout place_whole_tensors(FlatLayout layout);
+
 }  // namespace mantissa::detail::sharded

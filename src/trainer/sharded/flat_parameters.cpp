@@ -46,7 +46,7 @@ FlatParameters::FlatParameters(const std::vector<std::vector<at::Tensor>>& group
 
 FlatParameters::FlatParameters(const std::vector<FlatInput>& params, std::int64_t rank,
                                std::int64_t world_size, std::int64_t bucket_cap_bytes,
-                               FlatStorage storage)
+                               FlatStorage storage, bool whole_tensors)
     : rank_(rank), storage_(storage) {
   TORCH_CHECK_VALUE(world_size >= 1 && rank >= 0 && rank < world_size,
                     "FlatParameters: rank must be in [0, world_size), but it is ", rank,
@@ -66,8 +66,8 @@ FlatParameters::FlatParameters(const std::vector<FlatInput>& params, std::int64_
                                         std::to_string(p.numel()) + " elements"
                                   : std::string("undefined"),
                       ")");
-    TORCH_CHECK_VALUE(seen.insert(p.unsafeGetTensorImpl()).second, "FlatParameters: parameter ",
-                      i, " of group ", g, " is listed twice (a tied weight must be listed once)");
+    TORCH_CHECK_VALUE(seen.insert(p.unsafeGetTensorImpl()).second, "FlatParameters: parameter ", i,
+                      " of group ", g, " is listed twice (a tied weight must be listed once)");
     TORCH_CHECK_VALUE(params_.empty() || p.device() == params_.front().device(),
                       "FlatParameters: parameter ", i, " of group ", g, " is on ", p.device(),
                       ", the others on ", params_.front().device(),
@@ -78,10 +78,12 @@ FlatParameters::FlatParameters(const std::vector<FlatInput>& params, std::int64_
   }
   num_groups_ = index_in_group.size();
   layout_ = plan_flat_layout(specs, world_size, bucket_cap_bytes);
+  if (whole_tensors) layout_ = place_whole_tensors(std::move(layout_));
   for (std::size_t i = 0; i < params_.size(); ++i) norm_order_.push_back(i);
 
   at::NoGradGuard no_grad;
-  for (const auto& bucket : layout_.buckets) {
+  for (std::size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const auto& bucket = layout_.buckets[b];
     const auto& first = params_[bucket.slots.front().param];
     auto buffer = at::zeros({bucket.padded_numel}, first.options().requires_grad(false));
     for (const auto& slot : bucket.slots) {
@@ -91,11 +93,12 @@ FlatParameters::FlatParameters(const std::vector<FlatInput>& params, std::int64_
       p.set_data(view.view(p.sizes()));
     }
     buffers_.push_back(std::move(buffer));
-  }
-  if (storage_ == FlatStorage::kShardsOnly) {
-    for (std::size_t b = 0; b < buffers_.size(); ++b) {
-      const auto& bucket = layout_.buckets[b];
-      shards_.push_back(buffers_[b].narrow(0, bucket.shard_begin(rank_), bucket.shard_numel).clone());
+    // Shards only: this bucket's whole buffer freed before the next one is made, so that the
+    // model is never held twice (a whole-tensor layout's buffers hold world_size times a
+    // bucket's largest share).
+    if (storage_ == FlatStorage::kShardsOnly) {
+      shards_.push_back(
+          buffers_[b].narrow(0, bucket.shard_begin(rank_), bucket.shard_numel).clone());
       free_buffer(b);
     }
   }
@@ -112,8 +115,8 @@ void FlatParameters::set_norm_order(std::vector<std::size_t> order) {
   TORCH_CHECK_VALUE(order.size() == params_.size(), "FlatParameters: a norm order of ",
                     order.size(), " indices for ", params_.size(), " parameters");
   for (const auto i : order) {
-    TORCH_CHECK_VALUE(i < params_.size() && !seen[i], "FlatParameters: the norm order lists ",
-                      i, " twice or out of range");
+    TORCH_CHECK_VALUE(i < params_.size() && !seen[i], "FlatParameters: the norm order lists ", i,
+                      " twice or out of range");
     seen[i] = true;
   }
   norm_order_ = std::move(order);

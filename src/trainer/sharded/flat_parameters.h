@@ -50,8 +50,10 @@ class FlatParameters {
   /// another device, and for a rank outside [0, world_size). Move or cast the model first:
   /// `module->to(...)` afterwards would give the parameters new storage outside the buffers.
   /// No collective, no sync.
+  /// With `whole_tensors`, the layout is `place_whole_tensors`'s: each parameter lies whole in
+  /// its owner's shard.
   FlatParameters(const std::vector<FlatInput>& params, std::int64_t rank, std::int64_t world_size,
-                 std::int64_t bucket_cap_bytes, FlatStorage storage);
+                 std::int64_t bucket_cap_bytes, FlatStorage storage, bool whole_tensors = false);
 
   FlatParameters(const FlatParameters&) = delete;
   FlatParameters& operator=(const FlatParameters&) = delete;

@@ -1,10 +1,10 @@
 #include "trainer/sharded/sharded_adamw.h"
 
+#include "trainer/sharded/summed_norms.h"
 #include "trainer/sharded/wait_all.h"
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -164,16 +164,12 @@ at::Tensor ShardedAdamW::global_grad_norm() {
 
   // Back in each gradient's dtype, then stacked and normed as clip_grad_norm_ does it over
   // whole tensors.
-  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
-  std::vector<at::Tensor> norms;
-  norms.reserve(params.size());
-  for (const auto i : flat_.norm_order()) {
-    const auto dtype = grads[layout.where[i].first].scalar_type();
-    auto& converted = by_dtype[dtype];
-    if (converted.empty()) converted = tensors.front().to(dtype).unbind(0);
-    norms.push_back(converted[i]);
+  std::vector<c10::ScalarType> dtypes;
+  dtypes.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    dtypes.push_back(grads[layout.where[i].first].scalar_type());
   }
-  return total_norm_of_norms(norms, 2.0);
+  return total_norm_of_summed_norms(tensors.front(), flat_.norm_order(), dtypes);
 }
 
 at::Tensor ShardedAdamW::clip_grad_norm_(double max_norm) {
