@@ -135,6 +135,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/eager_engine.cpp
   src/trainer/collectives.cpp
   src/trainer/process_group_strategy.cpp
+  src/trainer/owned_shards.cpp
   src/trainer/owned_state.cpp
   src/trainer/data_parallel.cpp
   src/trainer/state_sharded_data_parallel.cpp

@@ -115,7 +115,7 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
       std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
                                "32",         "--save_steps", "4",
                                "--ddp_bucket_cap_mb", "1"} +
-      g_mode.model + precision;
+      g_mode.model + precision + optim;
   const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
     auto args = flags + common_flags(l.dir + "/" + name) +
                 std::vector<std::string>{"--save_strategy", "steps", "--results",
@@ -183,14 +183,20 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
 /// ranks (with a warning), the shards give bit for bit what the same state saved whole
 /// (FULL_STATE_DICT, by an otherwise identical run) gives at 3 ranks. An unsharded run refuses
 /// them by name, and a missing shard file stops every rank, naming it, the checkpoint intact.
-bool check_sharded_resume(const Launch& l, const std::vector<std::string>& precision) {
+/// SHARDED_STATE_DICT at 2 ranks resumed bitwise, resharded for 3 (as the whole files resumed
+/// at 3), refused by DDP, and a lost optimizer file named by both ranks. `optim`: --optim and
+/// its flags for an optimizer sharded by whole tensors (its optimizer files are one LibTorch
+/// archive per rank and an index), empty for FusedAdamW (flat pieces in safetensors).
+bool check_sharded_resume(const Launch& l, const std::vector<std::string>& precision,
+                          const std::vector<std::string>& optim = {}) {
   const std::vector<std::string> sharded_files{"--fsdp_config",
                                                R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
+  const std::string optimizer_file_type = optim.empty() ? ".safetensors" : ".pt";
   const std::vector<std::string> flags =
       std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
                                "32",         "--save_steps", "4",
                                "--ddp_bucket_cap_mb", "1"} +
-      g_mode.model + precision;
+      g_mode.model + precision + optim;
   const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
     auto args = flags + common_flags(l.dir + "/" + name) +
                 std::vector<std::string>{"--save_strategy", "steps", "--results",
@@ -202,12 +208,16 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
   bool ok = all_zero(run("sharded", 2, kSharded + sharded_files));
   ok &= all_zero(run("whole", 2, kSharded));
   const auto checkpoint = l.dir + "/sharded/checkpoint-4";
-  for (const char* file :
-       {"model_shards/shard-00000-of-00002.safetensors",
-        "model_shards/shard-00001-of-00002.safetensors",
-        "optimizer_shards/shard-00000-of-00002.safetensors",
-        "optimizer_shards/shard-00001-of-00002.safetensors", "scheduler.pt", "rng_state_0.pth",
-        "rng_state_1.pth", "trainer_state.json"}) {
+  std::vector<std::string> expected{"model_shards/shard-00000-of-00002.safetensors",
+                                    "model_shards/shard-00001-of-00002.safetensors",
+                                    "optimizer_shards/shard-00000-of-00002" + optimizer_file_type,
+                                    "optimizer_shards/shard-00001-of-00002" + optimizer_file_type,
+                                    "scheduler.pt",
+                                    "rng_state_0.pth",
+                                    "rng_state_1.pth",
+                                    "trainer_state.json"};
+  if (!optim.empty()) expected.push_back("optimizer_shards/index.json");
+  for (const auto& file : expected) {
     const bool there = mantissa::io::path_exists(checkpoint + "/" + file);
     std::cout << "checkpoint-4/" << file << (there ? " written" : " MISSING") << std::endl;
     ok &= there;
@@ -236,7 +246,8 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
   }
   ok &= all_zero(run("resumed-3", 3, kSharded + resume(checkpoint)));
   ok &= contains(read_text(l.dir + "/resumed-3.rank0.log"),
-                 "resharding the checkpoint", "3 ranks' warning");
+                 optim.empty() ? "resharding the checkpoint" : "resharding the optimizer state",
+                 "3 ranks' warning");
   ok &= all_zero(run("whole-resumed-3", 3, kSharded + resume(l.dir + "/whole/checkpoint-4")));
   if (ok) {
     ok &= same_weights(load_results(l.dir + "/whole-resumed-3.st.rank0"),
@@ -252,13 +263,14 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
   ok &= contains(read_text(l.dir + "/ddp.rank1.log"), "holds each process's shards",
                  "DDP's refusal");
   // A shard file lost: every rank stops naming it; the checkpoint keeps its other files.
-  const auto lost = checkpoint + "/optimizer_shards/shard-00001-of-00002.safetensors";
+  const auto lost = checkpoint + "/optimizer_shards/shard-00001-of-00002" + optimizer_file_type;
   ok &= std::rename(lost.c_str(), (lost + ".aside").c_str()) == 0;
   status = run("missing", 2, kSharded + resume(checkpoint));
   ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
   for (int r = 0; r < 2; ++r) {
     ok &= contains(read_text(l.dir + "/missing.rank" + std::to_string(r) + ".log"),
-                   "shard-00001-of-00002.safetensors' is missing", "the missing shard's error");
+                   "shard-00001-of-00002" + optimizer_file_type + "' is missing",
+                   "the missing shard's error");
   }
   ok &= mantissa::io::path_exists(checkpoint + "/model_shards/shard-00001-of-00002.safetensors");
   ok &= mantissa::io::path_exists(checkpoint + "/trainer_state.json");
@@ -454,6 +466,22 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_sharded_resume(l, {});
   } else if (scenario == "full_sharded_state_dict_bf16_masters") {
     ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"});
+  } else if (scenario == "sharded_state_dict_adafactor") {
+    // An optimizer sharded by whole tensors: each rank's optimizer archive, read back by the
+    // ranks that own its tensors now.
+    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, {"--optim", "adafactor"});
+  } else if (scenario == "full_sharded_state_dict_muon") {
+    const std::vector<std::string> muon{"--optim", "muon"};
+    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, muon);
+    // The best checkpoint's shards loaded back at the end, the masters from the archives.
+    kSharded = kFull.flags + std::vector<std::string>{
+                                 "--fsdp_config", R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
+    ok &= check_against_ddp(l,
+                            muon + std::vector<std::string>{
+                                       "--model_dtype", "bf16", "--bf16", "--eval_strategy",
+                                       "steps", "--eval_steps", "2", "--save_strategy", "steps",
+                                       "--save_steps", "2", "--load_best_model_at_end", "true"},
+                            0, 0, true);
   } else if (scenario == "full_load_best_model_sharded") {
     // The best checkpoint's shards loaded back at the end, the masters from them.
     kSharded = kFull.flags + std::vector<std::string>{

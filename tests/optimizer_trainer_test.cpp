@@ -213,18 +213,16 @@ TEST_P(NewOptimizerTrainerTest, RefusesWhatItCannotRun) {
   const auto base = args(mantissa_test::toy_output_dir());
   EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("kahan").validate());
   EXPECT_NO_THROW(TrainingArguments(base).low_precision_update("stochastic_rounding").validate());
-  // Sharded by whole tensors under either mode; per-process shard files hold flat shards only
-  // (fsdp.optim_* and fsdp.full_optim_* run them).
+  // Sharded by whole tensors under either mode, with either state dict type (fsdp.optim_*,
+  // fsdp.full_optim_* and fsdp.*optim_sharded_state_dict run them).
   EXPECT_NO_THROW(TrainingArguments(base).fsdp("shard_grad_op").validate());
   EXPECT_NO_THROW(TrainingArguments(base).fsdp("full_shard").validate());
-  EXPECT_THAT(
-      [&] {
-        TrainingArguments(base)
-            .fsdp("shard_grad_op")
-            .fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")
-            .validate();
-      },
-      ThrowsMessage<c10::ValueError>(HasSubstr("SHARDED_STATE_DICT writes the flat shards")));
+  for (const char* fsdp : {"shard_grad_op", "full_shard"}) {
+    EXPECT_NO_THROW(TrainingArguments(base)
+                        .fsdp(fsdp)
+                        .fsdp_config(R"({"state_dict_type": "SHARDED_STATE_DICT"})")
+                        .validate());
+  }
   EXPECT_THAT([&] { TrainingArguments(base).optim_args("no_such_key=1").validate(); },
               ThrowsMessage<c10::ValueError>(
                   HasSubstr("optim " + std::string(GetParam()) + " does not take 'no_such_key'")));

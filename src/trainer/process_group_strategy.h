@@ -74,6 +74,16 @@ class ProcessGroupStrategy : public Strategy {
     /// in the same order.
     std::function<OptimizerParams(std::int64_t owner, const std::vector<torch::Tensor>& params)>
         owned_by;
+    /// Tensors of the parameters' shapes and dtypes in the module's order that cost no memory
+    /// (meta tensors under full sharding, the module's own otherwise): what `owned_by` is given
+    /// to learn every owner's names and groups.
+    std::function<std::vector<torch::Tensor>()> described_params;
+    /// This process's tensors in the module's order (views of its shards, or the module's
+    /// parameters): what `owned_by(rank, ...)` is given for the tensors its optimizer updates.
+    std::function<std::vector<torch::Tensor>()> own_params;
+    /// A zero tensor of `described`'s shape and dtype on this process's device, standing for
+    /// another process's tensor while its saved state is read.
+    std::function<torch::Tensor(const torch::Tensor& described)> stand_in;
   };
 
  protected:
@@ -107,6 +117,27 @@ class ProcessGroupStrategy : public Strategy {
   /// of processes saved it. `parts.masters` are this process's own. A collective.
   void load_owned_state(const std::string& dir, const CheckpointParts& parts,
                         const OwnedState& state);
+  /// A checkpoint of per-process files (fsdp_config state_dict_type SHARDED_STATE_DICT) from
+  /// processes that each own whole tensors (src/trainer/owned_shards.cpp): rank 0 writes the
+  /// run's files (scheduler, scaler, trainer state) and the index of the optimizer shards; every
+  /// process writes its weights through `write_model_shards` and its optimizer's state and
+  /// masters as a LibTorch archive, `optimizer_shards/shard-<rank>-of-<N>.pt`, with the names
+  /// of the tensors it holds. A collective.
+  void save_owned_shards(const std::string& output_dir, const CheckpointParts& parts,
+                         const OwnedState& state,
+                         const std::function<void(const std::string& folder)>& write_model_shards);
+  /// Resumes such a checkpoint: every process loads the run's files and its random state, its
+  /// weights through `load_model_shards`, then its tensors' optimizer state and masters from
+  /// whichever files hold them (the index says), at whatever number of processes saved them.
+  /// `parts.masters` are this process's own. A collective.
+  void load_owned_shards(const std::string& dir, const CheckpointParts& parts,
+                         const OwnedState& state,
+                         const std::function<void()>& load_model_shards);
+  /// The weights of such a checkpoint (through `load_model_shards`) and this process's
+  /// `masters` from the files that hold them. A collective.
+  void load_owned_shard_weights(const std::string& dir, const OwnedState& state,
+                                amp::MasterWeights* masters,
+                                const std::function<void()>& load_model_shards);
   /// Copies this process's masters out of the checkpoint's master_weights.pt (every
   /// parameter's master in the module's order, as a data-parallel run saves them), read on the
   /// CPU so that only its own reach its device, then into the model; from the weights when the
@@ -136,6 +167,13 @@ class ProcessGroupStrategy : public Strategy {
   void sum_over_processes_(at::Tensor& tensor) const;
 
  private:
+  /// Reads this process's tensors' optimizer state (unless `weights_only`) and masters out of
+  /// the optimizer shards of `dir`; the model loaded first (masters the files lack are copied
+  /// from it). A missing file, a tensor no file holds or one the model lacks is named. Not a
+  /// collective.
+  void read_owned_optimizer_shards(const std::string& dir, const OwnedState& state,
+                                   amp::MasterWeights* masters, bool weights_only) const;
+
   std::shared_ptr<Collectives> collectives_;
   TrainingArguments args_;
   std::unique_ptr<CollectiveCheckpointIO> checkpoint_io_;

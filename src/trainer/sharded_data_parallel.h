@@ -147,6 +147,13 @@ class ShardedDataParallel : public ProcessGroupStrategy {
     std::int64_t largest_block_gather = 0;
   };
   HeldBytes held_bytes() const;
+  /// Writes this process's shard file of the weights into `folder`/model_shards (rank 0's
+  /// also holds the tensors every process keeps whole: buffers, frozen parameters).
+  void write_model_shards(const std::string& folder) const;
+  /// Reads this process's elements of the weights from the model shards of checkpoint `dir`,
+  /// whatever number of processes saved them (with a warning when it differs). Not a
+  /// collective.
+  void load_model_shards(const std::string& dir);
 
   FsdpSettings settings_;
   bool whole_tensors_ = false;
@@ -162,7 +169,7 @@ class ShardedDataParallel : public ProcessGroupStrategy {
   /// every process keeps whole), strictly, checking every name, shape and dtype first.
   void load_model_from(torch::nn::Module& module, const sharded::TensorSource& source);
   /// Writes this process's shard files of the weights and of the optimizer state into
-  /// `folder` (rank 0's also hold the tensors every process keeps whole).
+  /// `folder` (`write_model_shards`, then the flat optimizer state).
   void write_shards(const std::string& folder) const;
   /// Reads this process's elements of the shard files of checkpoint `dir`: the weights, and
   /// the optimizer state, or with `weights_only` the masters alone. Not a collective.

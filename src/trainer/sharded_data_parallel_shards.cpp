@@ -10,36 +10,21 @@
 
 namespace mantissa::detail {
 
-void ShardedDataParallel::write_shards(const std::string& folder) const {
+void ShardedDataParallel::write_model_shards(const std::string& folder) const {
   const auto names = flat_param_names();
   const auto& buckets = flat_->layout().buckets;
   std::vector<sharded::TensorPiece> model;
-  std::vector<sharded::TensorPiece> optimizer;
-  at::Tensor step;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    if (!step.defined()) step = sharded::local_step(*shards_, b);
-    std::vector<std::pair<std::string, at::Tensor>> kinds;
-    for (const auto kind : sharded::kStateKinds) {
-      auto local = sharded::local_state_shard(*shards_, b, kind);
-      if (local.defined()) kinds.emplace_back(sharded::state_kind_name(kind), std::move(local));
-    }
     const auto shard = flat_->shard(b);
     for (const auto& slot : buckets[b].slots) {
       const auto piece = buckets[b].piece(slot, rank());
       if (!piece) continue;
-      const auto& name = names[slot.param];
-      const auto& shape = flat_->shape(slot.param);
-      model.push_back({name, shard.narrow(0, piece->shard_offset, piece->numel), shape,
-                       piece->param_offset});
-      for (const auto& [kind, local] : kinds) {
-        optimizer.push_back({name + "." + kind, local.narrow(0, piece->shard_offset, piece->numel),
-                             shape, piece->param_offset});
-      }
+      model.push_back({names[slot.param], shard.narrow(0, piece->shard_offset, piece->numel),
+                       flat_->shape(slot.param), piece->param_offset});
     }
   }
   if (rank() == 0) {
-    // What is whole on every process (the step count, buffers, frozen parameters), once.
-    if (step.defined()) optimizer.push_back({"step", step.reshape({}), {}, 0});
+    // What is whole on every process (buffers, frozen parameters), once.
     std::set<const c10::TensorImpl*> flat;
     for (const auto& p : flat_->params()) flat.insert(p.unsafeGetTensorImpl());
     for (const auto& [name, tensor] : io::module_state_dict(*module_)) {
@@ -49,6 +34,33 @@ void ShardedDataParallel::write_shards(const std::string& folder) const {
   }
   sharded::write_shard_file(io::join_path(folder, sharded::kModelShardsFolder), rank(),
                             world_size(), model);
+}
+
+void ShardedDataParallel::write_shards(const std::string& folder) const {
+  write_model_shards(folder);
+  const auto names = flat_param_names();
+  const auto& buckets = flat_->layout().buckets;
+  std::vector<sharded::TensorPiece> optimizer;
+  at::Tensor step;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    if (!step.defined()) step = sharded::local_step(*shards_, b);
+    std::vector<std::pair<std::string, at::Tensor>> kinds;
+    for (const auto kind : sharded::kStateKinds) {
+      auto local = sharded::local_state_shard(*shards_, b, kind);
+      if (local.defined()) kinds.emplace_back(sharded::state_kind_name(kind), std::move(local));
+    }
+    for (const auto& slot : buckets[b].slots) {
+      const auto piece = buckets[b].piece(slot, rank());
+      if (!piece) continue;
+      for (const auto& [kind, local] : kinds) {
+        optimizer.push_back({names[slot.param] + "." + kind,
+                             local.narrow(0, piece->shard_offset, piece->numel),
+                             flat_->shape(slot.param), piece->param_offset});
+      }
+    }
+  }
+  // The step count is whole on every process: rank 0 writes it.
+  if (rank() == 0 && step.defined()) optimizer.push_back({"step", step.reshape({}), {}, 0});
   sharded::write_shard_file(io::join_path(folder, sharded::kOptimizerShardsFolder), rank(),
                             world_size(), optimizer);
 }
@@ -84,7 +96,7 @@ bool fill_from_pieces(const sharded::TensorSource& source, const sharded::FlatPa
 
 }  // namespace
 
-void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only) {
+void ShardedDataParallel::load_model_shards(const std::string& dir) {
   const sharded::ShardFolderSource model(io::join_path(dir, sharded::kModelShardsFolder));
   if (model.world_size() != world_size()) {
     TORCH_WARN_ONCE("fsdp: resharding the checkpoint '", dir, "', which ", model.world_size(),
@@ -92,7 +104,16 @@ void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only)
                     ": each process reads its elements from their shard files");
   }
   load_model_from(*module_, model);
-  const sharded::ShardFolderSource optimizer(io::join_path(dir, sharded::kOptimizerShardsFolder));
+}
+
+void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only) {
+  load_model_shards(dir);
+  const auto folder = io::join_path(dir, sharded::kOptimizerShardsFolder);
+  TORCH_CHECK_VALUE(!io::path_exists(io::join_path(folder, "index.json")), "'", folder,
+                    "' holds the archives of an optimizer sharded by whole tensors (its "
+                    "index.json names which), not the flat pieces of adamw_torch_fused's state: "
+                    "resume it with the optim that saved it");
+  const sharded::ShardFolderSource optimizer(folder);
   const auto names = flat_param_names();
   const auto& buckets = flat_->layout().buckets;
   torch::NoGradGuard no_grad;

@@ -16,8 +16,10 @@
 namespace mantissa::detail {
 
 StateShardedDataParallel::StateShardedDataParallel(std::shared_ptr<Collectives> collectives,
-                                                   const TrainingArguments& args)
-    : DataParallel(std::move(collectives), args) {}
+                                                   const TrainingArguments& args,
+                                                   const FsdpSettings& settings)
+    : DataParallel(std::move(collectives), args),
+      sharded_state_dict_(settings.sharded_state_dict) {}
 
 StateShardedDataParallel::~StateShardedDataParallel() = default;
 

@@ -15,6 +15,7 @@
 
 #include "trainer/data_parallel.h"
 #include "trainer/sharded/summed_norms.h"
+#include "training_arguments/fsdp_checks.h"
 
 namespace mantissa::detail {
 
@@ -25,8 +26,10 @@ namespace mantissa::detail {
 /// each rank's share of the matrices and gathers the updates.
 class StateShardedDataParallel final : public DataParallel {
  public:
-  /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`).
-  StateShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args);
+  /// A strategy over the job `collectives` joined (see `ProcessGroupStrategy`), `settings`
+  /// saying how checkpoints are written (state_dict_type).
+  StateShardedDataParallel(std::shared_ptr<Collectives> collectives, const TrainingArguments& args,
+                           const FsdpSettings& settings);
   ~StateShardedDataParallel() override;
 
   std::string describe() const override;
@@ -57,11 +60,15 @@ class StateShardedDataParallel final : public DataParallel {
   std::string describe_optimizer_state() const override;
 
   /// Rank 0 gathers every owner's optimizer state and masters into the optimizer (and masters)
-  /// a DDP run of these arguments holds and writes the files that run writes. A collective.
+  /// a DDP run of these arguments holds and writes the files that run writes; with
+  /// SHARDED_STATE_DICT every process writes the weights it owns and its optimizer's archive
+  /// (`ProcessGroupStrategy::save_owned_shards`). A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   /// Every process loads the model, scheduler, scaler and its random state; rank 0 reads
   /// optimizer.pt (and master_weights.pt) into the whole optimizer and sends each owner its
-  /// tensors' state. A collective.
+  /// tensors' state. A checkpoint of per-process files: every process reads the whole model
+  /// from the weights' shard files and its tensors' state from the files that hold them. A
+  /// collective.
   void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
   /// The weights, and this process's masters from master_weights.pt (read on the CPU, only its
   /// own copied to the device), or from the weights when the checkpoint has none. Syncs.
@@ -75,6 +82,14 @@ class StateShardedDataParallel final : public DataParallel {
   OptimizerParams owned_by(std::int64_t owner) const;
   /// What the checkpoints of `ProcessGroupStrategy::save_owned_state` need.
   OwnedState owned_state() const;
+  /// Writes the weights this process owns (rank 0: also buffers and frozen parameters) as its
+  /// shard file of `folder`/model_shards.
+  void write_model_shards(const std::string& folder) const;
+  /// Loads the whole model from the weights' shard files of checkpoint `dir`, strictly. Syncs.
+  void load_model_shards(const std::string& dir);
+
+  /// fsdp_config state_dict_type SHARDED_STATE_DICT: checkpoints of per-process files.
+  bool sharded_state_dict_ = false;
 
   torch::nn::Module* module_ = nullptr;   ///< set by prepare_model
   std::vector<torch::Tensor> trainable_;  ///< the module's trainable parameters, in its order

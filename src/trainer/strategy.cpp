@@ -112,7 +112,7 @@ std::unique_ptr<Strategy> make_strategy(const TrainingArguments& args, const c10
           return std::make_unique<WholeTensorShardedDataParallel>(std::move(collectives), args,
                                                                   fsdp);
         }
-        return std::make_unique<StateShardedDataParallel>(std::move(collectives), args);
+        return std::make_unique<StateShardedDataParallel>(std::move(collectives), args, fsdp);
       }
       return std::make_unique<ShardedDataParallel>(std::move(collectives), args, fsdp);
     }

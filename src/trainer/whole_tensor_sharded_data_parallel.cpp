@@ -9,6 +9,7 @@
 #include <mantissa/distributed.h>
 
 #include "trainer/optimizer_state_report.h"
+#include "trainer/sharded/shard_files.h"
 
 namespace mantissa::detail {
 
@@ -66,6 +67,7 @@ OptimizerParams WholeTensorShardedDataParallel::optimizer_params(torch::nn::Modu
     }
   }
   // This process's tensors: views of its shards, each parameter's whole elements.
+  stand_in_device_ = flat_->params().empty() ? c10::Device(c10::kCPU) : flat_->params()[0].device();
   views_.assign(count, torch::Tensor());
   for (const auto& e : entries_) {
     if (e.owner != rank()) continue;
@@ -186,17 +188,33 @@ ProcessGroupStrategy::OwnedState WholeTensorShardedDataParallel::owned_state() c
   state.owned_by = [this](std::int64_t owner, const std::vector<torch::Tensor>& params) {
     return owned_by(owner, params);
   };
+  state.described_params = [this] { return meta_params_; };
+  state.own_params = [this] { return views_; };
+  state.stand_in = [this](const torch::Tensor& described) {
+    return torch::zeros(described.sizes(),
+                        described.options().device(stand_in_device_).requires_grad(false))
+        .requires_grad_(described.requires_grad());
+  };
   return state;
 }
 
 void WholeTensorShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                                      const CheckpointParts& parts) {
-  save_owned_state(output_dir, parts, owned_state());
+  if (settings_.sharded_state_dict) {
+    save_owned_shards(output_dir, parts, owned_state(),
+                      [this](const std::string& folder) { write_model_shards(folder); });
+  } else {
+    save_owned_state(output_dir, parts, owned_state());
+  }
 }
 
 void WholeTensorShardedDataParallel::load_checkpoint(const std::string& dir,
                                                      const CheckpointParts& parts) {
-  load_owned_state(dir, parts, owned_state());
+  if (sharded::is_sharded_checkpoint(dir)) {
+    load_owned_shards(dir, parts, owned_state(), [&] { load_model_shards(dir); });
+  } else {
+    load_owned_state(dir, parts, owned_state());
+  }
 }
 
 void WholeTensorShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module,
@@ -205,6 +223,10 @@ void WholeTensorShardedDataParallel::load_checkpoint_weights(torch::nn::Module& 
   std::unordered_map<const c10::TensorImpl*, std::size_t> position;
   for (std::size_t k = 0; k < views_.size(); ++k) {
     if (views_[k].defined()) position.emplace(views_[k].unsafeGetTensorImpl(), k);
+  }
+  if (sharded::is_sharded_checkpoint(dir)) {
+    load_owned_shard_weights(dir, owned_state(), masters, [&] { load_model_shards(dir); });
+    return;
   }
   // Each process reads its own elements and masters: agreed, so that one that fails stops all.
   checkpoint_io().load(dir, [&] {

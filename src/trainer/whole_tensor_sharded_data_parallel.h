@@ -25,7 +25,8 @@ namespace mantissa::detail {
 /// whole tensors. Checkpoints hold the whole state (FULL_STATE_DICT) in the files a DDP run
 /// writes, put together on rank 0 as under `StateShardedDataParallel`, so a single process, a
 /// DDP run and the sharded strategies resume them at any world size, and this one resumes
-/// theirs. Python: FSDP2's `fully_shard` with a distributed Muon that orthogonalises each
+/// theirs; or with SHARDED_STATE_DICT each process's own files (its weights, its optimizer's
+/// archive), which this strategy and `StateShardedDataParallel` resume at any world size. Python: FSDP2's `fully_shard` with a distributed Muon that orthogonalises each
 /// rank's share of the matrices, DeepSpeed ZeRO-3 with whole-tensor partitions.
 class WholeTensorShardedDataParallel final : public ShardedDataParallel {
  public:
@@ -62,17 +63,20 @@ class WholeTensorShardedDataParallel final : public ShardedDataParallel {
   std::string describe_optimizer_state() const override;
   bool reports_optimizer_state_bytes() const override { return false; }
 
-  /// Rank 0 gathers every owner's optimizer state and masters into the optimizer (and masters)
-  /// a DDP run of these arguments holds, over zero stand-ins of the parameters, and writes the
-  /// files that run writes; the weights are gathered unit by unit. A collective.
+  /// FULL_STATE_DICT: rank 0 gathers every owner's optimizer state and masters into the
+  /// optimizer (and masters) a DDP run of these arguments holds, over zero stand-ins of the
+  /// parameters, and writes the files that run writes; the weights are gathered unit by unit.
+  /// SHARDED_STATE_DICT: every process writes its weights' shard file and its optimizer's
+  /// archive (`ProcessGroupStrategy::save_owned_shards`). A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   /// Every process reads its shards' elements of model.safetensors and loads the scheduler,
   /// scaler and its random state; rank 0 reads optimizer.pt (and master_weights.pt) and sends
-  /// each owner its tensors' state. A collective.
+  /// each owner its tensors' state. A checkpoint of per-process files: every process reads its
+  /// weights and its tensors' state from the files that hold them. A collective.
   void load_checkpoint(const std::string& dir, const CheckpointParts& parts) override;
   /// The weights into the shards, and this process's masters from master_weights.pt (read on
-  /// the CPU, only its own copied to the device), or from the weights when the checkpoint has
-  /// none. Syncs.
+  /// the CPU, only its own copied to the device) or the optimizer shards, or from the weights
+  /// when the checkpoint has none. Syncs.
   void load_checkpoint_weights(torch::nn::Module& module, const std::string& dir,
                                amp::MasterWeights* masters) override;
 
@@ -102,6 +106,8 @@ class WholeTensorShardedDataParallel final : public ShardedDataParallel {
   /// shapes and dtypes (what a data-parallel run's optimizer order is found from); undefined
   /// for frozen ones.
   std::vector<torch::Tensor> meta_params_;
+  /// Where this process's tensors live: the device of the stand-ins a checkpoint load builds.
+  c10::Device stand_in_device_{c10::kCPU};
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  ///< over `views_` (or their masters)
   sharded::OwnedTensorNorms norms_;
 };

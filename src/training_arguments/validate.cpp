@@ -413,12 +413,6 @@ void check_fsdp(const TrainingArguments& args) {
                       c10::Join(", ", by_tensor), " by whole tensors; optim ",
                       detail::repr(args.optim()),
                       " cannot be sharded: use adamw_torch_fused (the default)");
-    TORCH_CHECK_VALUE(!settings.sharded_state_dict,
-                      "fsdp_config state_dict_type SHARDED_STATE_DICT writes the flat shards of "
-                      "adamw_torch_fused's state; optim ",
-                      detail::repr(args.optim()),
-                      " is sharded by whole tensors, whose checkpoints are FULL_STATE_DICT: "
-                      "leave state_dict_type out or set it to FULL_STATE_DICT");
   }
   TORCH_CHECK_VALUE(!args.bf16_full_eval() && !args.fp16_full_eval(), mode,
                     " ties the optimizer's tensors to the parameters' storage (flat buffers, or "
