@@ -115,7 +115,7 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
       std::vector<std::string>{"--dropout",  "0.2",         "--per_device_train_batch_size",
                                "32",         "--save_steps", "4",
                                "--ddp_bucket_cap_mb", "1"} +
-      g_mode.model + precision + optim;
+      g_mode.model + precision;
   const auto run = [&](const std::string& name, int world, std::vector<std::string> extra) {
     auto args = flags + common_flags(l.dir + "/" + name) +
                 std::vector<std::string>{"--save_strategy", "steps", "--results",
