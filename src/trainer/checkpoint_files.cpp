@@ -349,4 +349,12 @@ std::optional<TrainingArguments> load_checkpoint_arguments(const std::string& di
   return args;
 }
 
+CheckpointParts sharded_run_files(const CheckpointParts& parts) {
+  CheckpointParts rest = parts;
+  rest.in_shards = true;
+  rest.optimizer = nullptr;
+  rest.masters = nullptr;
+  return rest;
+}
+
 }  // namespace mantissa::detail

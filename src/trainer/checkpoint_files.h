@@ -125,6 +125,11 @@ std::optional<std::string> rng_state_to_restore(std::int64_t process_index,
 /// + `_load_rng_state`. Syncs.
 void load_checkpoint(const std::string& checkpoint_dir, const CheckpointParts& parts);
 
+/// `parts` for a checkpoint whose weights and optimizer state the strategy keeps in per-process
+/// shard files: `in_shards` set, no optimizer and no masters, so that only the run's files
+/// (scheduler, scaler, trainer state, registered pieces) are written or read through them.
+CheckpointParts sharded_run_files(const CheckpointParts& parts);
+
 /// Loads only the weights of a checkpoint: model.safetensors through `load_model_file`, and
 /// `masters` when not null (from master_weights.pt, so that they are exact; from the model when
 /// the file is absent). What `load_best_model_at_end` does. A missing or corrupt file raises a

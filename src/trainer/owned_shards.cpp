@@ -14,7 +14,6 @@
 // checkpoints of src/trainer/owned_state.cpp move state between optimizers the same way).
 #include <map>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +25,7 @@
 #include "io/json_reader.h"
 #include "io/torch_load.h"
 #include "trainer/checkpoint_files.h"
+#include "trainer/owned_archive.h"
 #include "trainer/process_group_strategy.h"
 #include "trainer/sharded/shard_files.h"
 
@@ -139,36 +139,44 @@ void move_state_entry(torch::optim::Optimizer& source, const torch::Tensor& from
 
 }  // namespace
 
-void ProcessGroupStrategy::save_owned_shards(
-    const std::string& output_dir, const CheckpointParts& parts, const OwnedState& state,
-    const std::function<void(const std::string& folder)>& write_model_shards) {
-  CheckpointParts rest = parts;
-  rest.in_shards = true;
-  rest.optimizer = nullptr;
-  rest.masters = nullptr;
+void ProcessGroupStrategy::save_owned_checkpoint(const std::string& output_dir,
+                                                 const CheckpointParts& parts,
+                                                 const OwnedState& state) {
+  if (state.sharded_state_dict) {
+    save_owned_shards(output_dir, parts, state);
+  } else {
+    save_owned_state(output_dir, parts, state);
+  }
+}
+
+void ProcessGroupStrategy::load_owned_checkpoint(const std::string& dir,
+                                                 const CheckpointParts& parts,
+                                                 const OwnedState& state) {
+  if (sharded::is_sharded_checkpoint(dir)) {
+    load_owned_shards(dir, parts, state);
+  } else {
+    load_owned_state(dir, parts, state);
+  }
+}
+
+void ProcessGroupStrategy::save_owned_shards(const std::string& output_dir,
+                                             const CheckpointParts& parts,
+                                             const OwnedState& state) {
+  const auto rest = sharded_run_files(parts);
   const auto described = state.described_params();
   checkpoint_io().save(
       output_dir, parts.state->global_step,
       [&](const std::string& folder) { write_checkpoint_files(folder, rest, {}); },
       [&](const std::string& folder) {
-        write_model_shards(folder);
+        state.write_model_shards(folder);
         const auto shards = io::join_path(folder, sharded::kOptimizerShardsFolder);
         io::create_directories(shards);
-        torch::serialize::OutputArchive archive;
-        torch::serialize::OutputArchive saved_state;
-        state.optimizer->save(saved_state);
-        archive.write("optimizer", saved_state);
-        if (parts.masters != nullptr) {
-          torch::serialize::OutputArchive saved_masters;
-          parts.masters->save(saved_masters);
-          archive.write("masters", saved_masters);
-        }
+        auto archive = own_state_archive(*state.optimizer, parts.masters);
         const auto own = state.owned_by(rank(), state.own_params());
         archive.write("tensors", c10::IValue(names_of(own).dump()));
-        std::ostringstream bytes;
-        archive.save_to(bytes);
         io::write_file_atomically(
-            io::join_path(shards, optimizer_shard_name(rank(), world_size())), bytes.str());
+            io::join_path(shards, optimizer_shard_name(rank(), world_size())),
+            archive_bytes(archive));
         if (rank() != 0) return;
         // Where each tensor's state lies, known to every process from the layout: written once.
         nlohmann::json file_of = nlohmann::json::object();
@@ -186,27 +194,22 @@ void ProcessGroupStrategy::save_owned_shards(
 }
 
 void ProcessGroupStrategy::load_owned_shards(const std::string& dir, const CheckpointParts& parts,
-                                             const OwnedState& state,
-                                             const std::function<void()>& load_model_shards) {
+                                             const OwnedState& state) {
   const auto through_strategy = loading_through_strategy(parts);
   checkpoint_io().load(dir, [&] {
-    CheckpointParts here = through_strategy;
-    here.in_shards = true;
-    here.optimizer = nullptr;
-    here.masters = nullptr;
-    detail::load_checkpoint(dir, here);
-    load_model_shards();
+    detail::load_checkpoint(dir, sharded_run_files(through_strategy));
+    state.load_model_shards(dir);
     read_owned_optimizer_shards(dir, state, parts.masters, /*weights_only=*/false);
   });
   // The learning rates the checkpoint's schedule had set, as optimizer.pt restores them.
   set_learning_rates(*state.optimizer, parts.scheduler->get_last_lr());
 }
 
-void ProcessGroupStrategy::load_owned_shard_weights(
-    const std::string& dir, const OwnedState& state, amp::MasterWeights* masters,
-    const std::function<void()>& load_model_shards) {
+void ProcessGroupStrategy::load_owned_shard_weights(const std::string& dir,
+                                                    const OwnedState& state,
+                                                    amp::MasterWeights* masters) {
   checkpoint_io().load(dir, [&] {
-    load_model_shards();
+    state.load_model_shards(dir);
     if (masters != nullptr) read_owned_optimizer_shards(dir, state, masters, /*weights_only=*/true);
   });
 }

@@ -17,6 +17,7 @@
 
 #include "io/filesystem.h"
 #include "io/torch_load.h"
+#include "trainer/owned_archive.h"
 #include "trainer/process_group_strategy.h"
 
 namespace mantissa::detail {
@@ -24,11 +25,6 @@ namespace {
 
 using OwnedState = ProcessGroupStrategy::OwnedState;
 
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
 
 // Moves the state of each of `tensors` from `from` to `to` (the state is keyed by the tensor).
 void move_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to,
@@ -49,20 +45,6 @@ OptimizerSetup whole_optimizer(const TrainingArguments& args, const OwnedState& 
                                  state.owned_by(OwnedState::kEveryOwner, params), *state.optimizer);
 }
 
-// This process's optimizer state (and masters) as archive bytes.
-std::string pack_own_state(const torch::optim::Optimizer& optimizer,
-                           const amp::MasterWeights* masters) {
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive state;
-  optimizer.save(state);
-  archive.write("optimizer", state);
-  if (masters != nullptr) {
-    torch::serialize::OutputArchive saved_masters;
-    masters->save(saved_masters);
-    archive.write("masters", saved_masters);
-  }
-  return archive_bytes(archive);
-}
 
 // The packed state of the owner of `owned` moved into `whole` (rank 0).
 void unpack_into_whole(const TrainingArguments& args, const OwnedState& state,
@@ -136,7 +118,10 @@ void ProcessGroupStrategy::save_owned_state(const std::string& output_dir,
   // that a process that cannot pack stops them all rather than leaving them waiting.
   std::string mine;
   const bool packed =
-      passed_everywhere([&] { mine = pack_own_state(*state.optimizer, parts.masters); });
+      passed_everywhere([&] {
+        auto archive = own_state_archive(*state.optimizer, parts.masters);
+        mine = archive_bytes(archive);
+      });
   TORCH_CHECK(packed, "rank ", rank(), ": saving ", checkpoint_name(parts.state->global_step),
               " failed while a process packed its share of the optimizer state (see its error)");
   auto shares = collectives().gather_bytes(mine);  // rank 0: one per owner
@@ -273,6 +258,26 @@ void ProcessGroupStrategy::sum_over_processes_(at::Tensor& tensor) const {
   std::vector<at::Tensor> tensors{tensor.to(collectives().device())};
   collectives().group()->allreduce(tensors)->wait();  // ReduceOp::SUM
   tensor = tensors.front().to(tensor.device());
+}
+
+torch::serialize::OutputArchive own_state_archive(const torch::optim::Optimizer& optimizer,
+                                                  const amp::MasterWeights* masters) {
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive state;
+  optimizer.save(state);
+  archive.write("optimizer", state);
+  if (masters != nullptr) {
+    torch::serialize::OutputArchive saved_masters;
+    masters->save(saved_masters);
+    archive.write("masters", saved_masters);
+  }
+  return archive;
+}
+
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
 }
 
 }  // namespace mantissa::detail

@@ -56,7 +56,7 @@ class ProcessGroupStrategy : public Strategy {
   void copy_scaler_from_rank0(amp::GradScaler& scaler) const override;
 
   /// What the checkpoints of a strategy whose processes each own whole tensors need to know
-  /// (`save_owned_state`, `load_owned_state`; src/trainer/owned_state.cpp).
+  /// (`save_owned_checkpoint`, `load_owned_checkpoint`).
   struct OwnedState {
     /// Gives `owned_by` for every owner at once.
     static constexpr std::int64_t kEveryOwner = -1;
@@ -84,6 +84,12 @@ class ProcessGroupStrategy : public Strategy {
     /// A zero tensor of `described`'s shape and dtype on this process's device, standing for
     /// another process's tensor while its saved state is read.
     std::function<torch::Tensor(const torch::Tensor& described)> stand_in;
+    /// fsdp_config state_dict_type SHARDED_STATE_DICT: checkpoints of per-process files.
+    bool sharded_state_dict = false;
+    /// Writes this process's weights into `folder`/model_shards (its shard file).
+    std::function<void(const std::string& folder)> write_model_shards;
+    /// Loads this process's weights from checkpoint `dir`'s model_shards.
+    std::function<void(const std::string& dir)> load_model_shards;
   };
 
  protected:
@@ -105,39 +111,20 @@ class ProcessGroupStrategy : public Strategy {
   /// `save_on_each_node`, write the files.
   CheckpointIO& checkpoint_io() override { return *checkpoint_io_; }
 
-  /// A checkpoint of the whole state (FULL_STATE_DICT) from processes that each own whole
-  /// tensors: every process's optimizer state (and masters) reaches rank 0 as the bytes of a
-  /// LibTorch archive, rank 0 moves each into the optimizer a data-parallel run holds and
-  /// writes the files that run writes. A collective.
-  void save_owned_state(const std::string& output_dir, const CheckpointParts& parts,
-                        const OwnedState& state);
-  /// The reverse: every process loads the model, scheduler, scaler and its random state; rank 0
-  /// reads optimizer.pt (and master_weights.pt) into the whole optimizer, checked as a
-  /// data-parallel run checks it, and sends each owner its tensors' state, at whatever number
-  /// of processes saved it. `parts.masters` are this process's own. A collective.
-  void load_owned_state(const std::string& dir, const CheckpointParts& parts,
-                        const OwnedState& state);
-  /// A checkpoint of per-process files (fsdp_config state_dict_type SHARDED_STATE_DICT) from
-  /// processes that each own whole tensors (src/trainer/owned_shards.cpp): rank 0 writes the
-  /// run's files (scheduler, scaler, trainer state) and the index of the optimizer shards; every
-  /// process writes its weights through `write_model_shards` and its optimizer's state and
-  /// masters as a LibTorch archive, `optimizer_shards/shard-<rank>-of-<N>.pt`, with the names
-  /// of the tensors it holds. A collective.
-  void save_owned_shards(const std::string& output_dir, const CheckpointParts& parts,
-                         const OwnedState& state,
-                         const std::function<void(const std::string& folder)>& write_model_shards);
-  /// Resumes such a checkpoint: every process loads the run's files and its random state, its
-  /// weights through `load_model_shards`, then its tensors' optimizer state and masters from
-  /// whichever files hold them (the index says), at whatever number of processes saved them.
-  /// `parts.masters` are this process's own. A collective.
-  void load_owned_shards(const std::string& dir, const CheckpointParts& parts,
-                         const OwnedState& state,
-                         const std::function<void()>& load_model_shards);
-  /// The weights of such a checkpoint (through `load_model_shards`) and this process's
-  /// `masters` from the files that hold them. A collective.
+  /// A checkpoint from processes that each own whole tensors: FULL_STATE_DICT (the files a
+  /// data-parallel run writes, put together on rank 0: src/trainer/owned_state.cpp) or with
+  /// `state.sharded_state_dict` each process's own files (src/trainer/owned_shards.cpp). A
+  /// collective.
+  void save_owned_checkpoint(const std::string& output_dir, const CheckpointParts& parts,
+                             const OwnedState& state);
+  /// Resumes either kind of checkpoint, as `dir` holds, at whatever number of processes saved
+  /// it. `parts.masters` are this process's own. A collective.
+  void load_owned_checkpoint(const std::string& dir, const CheckpointParts& parts,
+                             const OwnedState& state);
+  /// The weights of a checkpoint of per-process files (through `state.load_model_shards`)
+  /// and this process's `masters` from the optimizer files that hold them. A collective.
   void load_owned_shard_weights(const std::string& dir, const OwnedState& state,
-                                amp::MasterWeights* masters,
-                                const std::function<void()>& load_model_shards);
+                                amp::MasterWeights* masters);
   /// Copies this process's masters out of the checkpoint's master_weights.pt (every
   /// parameter's master in the module's order, as a data-parallel run saves them), read on the
   /// CPU so that only its own reach its device, then into the model; from the weights when the
@@ -167,6 +154,32 @@ class ProcessGroupStrategy : public Strategy {
   void sum_over_processes_(at::Tensor& tensor) const;
 
  private:
+  /// A checkpoint of the whole state (FULL_STATE_DICT) from processes that each own whole
+  /// tensors: every process's optimizer state (and masters) reaches rank 0 as the bytes of a
+  /// LibTorch archive, rank 0 moves each into the optimizer a data-parallel run holds and
+  /// writes the files that run writes. A collective.
+  void save_owned_state(const std::string& output_dir, const CheckpointParts& parts,
+                        const OwnedState& state);
+  /// The reverse: every process loads the model, scheduler, scaler and its random state; rank 0
+  /// reads optimizer.pt (and master_weights.pt) into the whole optimizer, checked as a
+  /// data-parallel run checks it, and sends each owner its tensors' state, at whatever number
+  /// of processes saved it. `parts.masters` are this process's own. A collective.
+  void load_owned_state(const std::string& dir, const CheckpointParts& parts,
+                        const OwnedState& state);
+  /// A checkpoint of per-process files (fsdp_config state_dict_type SHARDED_STATE_DICT) from
+  /// processes that each own whole tensors (src/trainer/owned_shards.cpp): rank 0 writes the
+  /// run's files (scheduler, scaler, trainer state) and the index of the optimizer shards; every
+  /// process writes its weights through `state.write_model_shards` and its optimizer's state and
+  /// masters as a LibTorch archive, `optimizer_shards/shard-<rank>-of-<N>.pt`, with the names
+  /// of the tensors it holds. A collective.
+  void save_owned_shards(const std::string& output_dir, const CheckpointParts& parts,
+                         const OwnedState& state);
+  /// Resumes such a checkpoint: every process loads the run's files and its random state, its
+  /// weights through `state.load_model_shards`, then its tensors' optimizer state and masters from
+  /// whichever files hold them (the index says), at whatever number of processes saved them.
+  /// `parts.masters` are this process's own. A collective.
+  void load_owned_shards(const std::string& dir, const CheckpointParts& parts,
+                         const OwnedState& state);
   /// Reads this process's tensors' optimizer state (unless `weights_only`) and masters out of
   /// the optimizer shards of `dir`; the model loaded first (masters the files lack are copied
   /// from it). A missing file, a tensor no file holds or one the model lacks is named. Not a

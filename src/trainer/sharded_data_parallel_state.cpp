@@ -161,10 +161,7 @@ void ShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                           const CheckpointParts& parts) {
   if (settings_.sharded_state_dict) {
     // Rank 0 writes the files of the whole run; every process adds its own shards.
-    CheckpointParts rest = parts;
-    rest.in_shards = true;
-    rest.optimizer = nullptr;
-    rest.masters = nullptr;
+    const auto rest = sharded_run_files(parts);
     checkpoint_io().save(
         output_dir, parts.state->global_step,
         [&](const std::string& folder) { write_checkpoint_files(folder, rest, {}); },
@@ -203,11 +200,7 @@ void ShardedDataParallel::load_checkpoint(const std::string& dir, const Checkpoi
   const auto through_strategy = loading_through_strategy(parts);
   if (sharded::is_sharded_checkpoint(dir)) {
     checkpoint_io().load(dir, [&] {
-      CheckpointParts here = through_strategy;
-      here.in_shards = true;
-      here.optimizer = nullptr;
-      here.masters = nullptr;
-      detail::load_checkpoint(dir, here);
+      detail::load_checkpoint(dir, sharded_run_files(through_strategy));
       load_shards(dir, /*weights_only=*/false);
     });
     if (!full()) shards_->all_gather_params();

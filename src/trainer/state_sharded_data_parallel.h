@@ -62,7 +62,7 @@ class StateShardedDataParallel final : public DataParallel {
   /// Rank 0 gathers every owner's optimizer state and masters into the optimizer (and masters)
   /// a DDP run of these arguments holds and writes the files that run writes; with
   /// SHARDED_STATE_DICT every process writes the weights it owns and its optimizer's archive
-  /// (`ProcessGroupStrategy::save_owned_shards`). A collective.
+  /// (`ProcessGroupStrategy::save_owned_checkpoint`). A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   /// Every process loads the model, scheduler, scaler and its random state; rank 0 reads
   /// optimizer.pt (and master_weights.pt) into the whole optimizer and sends each owner its
@@ -80,8 +80,8 @@ class StateShardedDataParallel final : public DataParallel {
   /// owns (every trainable one for `OwnedState::kEveryOwner`), named, empty groups kept;
   /// `in_order` its tensors in the module's order.
   OptimizerParams owned_by(std::int64_t owner) const;
-  /// What the checkpoints of `ProcessGroupStrategy::save_owned_state` need.
-  OwnedState owned_state() const;
+  /// What the checkpoints of `ProcessGroupStrategy::save_owned_checkpoint` need.
+  OwnedState owned_state();
   /// Writes the weights this process owns (rank 0: also buffers and frozen parameters) as its
   /// shard file of `folder`/model_shards.
   void write_model_shards(const std::string& folder) const;

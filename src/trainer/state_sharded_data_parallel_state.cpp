@@ -9,7 +9,7 @@
 
 namespace mantissa::detail {
 
-ProcessGroupStrategy::OwnedState StateShardedDataParallel::owned_state() const {
+ProcessGroupStrategy::OwnedState StateShardedDataParallel::owned_state() {
   OwnedState state;
   state.optimizer = optimizer_.get();
   state.plan = plan_;
@@ -25,6 +25,9 @@ ProcessGroupStrategy::OwnedState StateShardedDataParallel::owned_state() const {
     return torch::zeros_like(described, described.options().requires_grad(false))
         .requires_grad_(described.requires_grad());
   };
+  state.sharded_state_dict = sharded_state_dict_;
+  state.write_model_shards = [this](const std::string& folder) { write_model_shards(folder); };
+  state.load_model_shards = [this](const std::string& dir) { load_model_shards(dir); };
   return state;
 }
 
@@ -54,33 +57,24 @@ void StateShardedDataParallel::load_model_shards(const std::string& dir) {
 
 void StateShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                                const CheckpointParts& parts) {
-  if (sharded_state_dict_) {
-    save_owned_shards(output_dir, parts, owned_state(),
-                      [this](const std::string& folder) { write_model_shards(folder); });
-  } else {
-    save_owned_state(output_dir, parts, owned_state());
-  }
+  save_owned_checkpoint(output_dir, parts, owned_state());
 }
 
 void StateShardedDataParallel::load_checkpoint(const std::string& dir,
                                                const CheckpointParts& parts) {
-  if (sharded::is_sharded_checkpoint(dir)) {
-    load_owned_shards(dir, parts, owned_state(), [&] { load_model_shards(dir); });
-  } else {
-    load_owned_state(dir, parts, owned_state());
-  }
+  load_owned_checkpoint(dir, parts, owned_state());
 }
 
 void StateShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module,
                                                        const std::string& dir,
                                                        amp::MasterWeights* masters) {
+  if (sharded::is_sharded_checkpoint(dir)) {
+    load_owned_shard_weights(dir, owned_state(), masters);
+    return;
+  }
   const auto params = module.parameters();
   std::unordered_map<const c10::TensorImpl*, std::size_t> index;
   for (std::size_t i = 0; i < params.size(); ++i) index.emplace(params[i].unsafeGetTensorImpl(), i);
-  if (sharded::is_sharded_checkpoint(dir)) {
-    load_owned_shard_weights(dir, owned_state(), masters, [&] { load_model_shards(dir); });
-    return;
-  }
   // Each process checks its own masters: agreed, so that one that fails stops all.
   checkpoint_io().load(dir, [&] {
     Strategy::load_checkpoint_weights(module, dir, nullptr);

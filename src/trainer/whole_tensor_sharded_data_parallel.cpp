@@ -178,7 +178,7 @@ std::string WholeTensorShardedDataParallel::describe_optimizer_state() const {
       bytes_text(held.whole), bytes_text(held.whole));
 }
 
-ProcessGroupStrategy::OwnedState WholeTensorShardedDataParallel::owned_state() const {
+ProcessGroupStrategy::OwnedState WholeTensorShardedDataParallel::owned_state() {
   OwnedState state;
   state.optimizer = optimizer_.get();
   state.plan = plan_;
@@ -195,38 +195,32 @@ ProcessGroupStrategy::OwnedState WholeTensorShardedDataParallel::owned_state() c
                         described.options().device(stand_in_device_).requires_grad(false))
         .requires_grad_(described.requires_grad());
   };
+  state.sharded_state_dict = settings_.sharded_state_dict;
+  state.write_model_shards = [this](const std::string& folder) { write_model_shards(folder); };
+  state.load_model_shards = [this](const std::string& dir) { load_model_shards(dir); };
   return state;
 }
 
 void WholeTensorShardedDataParallel::save_checkpoint(const std::string& output_dir,
                                                      const CheckpointParts& parts) {
-  if (settings_.sharded_state_dict) {
-    save_owned_shards(output_dir, parts, owned_state(),
-                      [this](const std::string& folder) { write_model_shards(folder); });
-  } else {
-    save_owned_state(output_dir, parts, owned_state());
-  }
+  save_owned_checkpoint(output_dir, parts, owned_state());
 }
 
 void WholeTensorShardedDataParallel::load_checkpoint(const std::string& dir,
                                                      const CheckpointParts& parts) {
-  if (sharded::is_sharded_checkpoint(dir)) {
-    load_owned_shards(dir, parts, owned_state(), [&] { load_model_shards(dir); });
-  } else {
-    load_owned_state(dir, parts, owned_state());
-  }
+  load_owned_checkpoint(dir, parts, owned_state());
 }
 
 void WholeTensorShardedDataParallel::load_checkpoint_weights(torch::nn::Module& module,
                                                              const std::string& dir,
                                                              amp::MasterWeights* masters) {
+  if (sharded::is_sharded_checkpoint(dir)) {
+    load_owned_shard_weights(dir, owned_state(), masters);
+    return;
+  }
   std::unordered_map<const c10::TensorImpl*, std::size_t> position;
   for (std::size_t k = 0; k < views_.size(); ++k) {
     if (views_[k].defined()) position.emplace(views_[k].unsafeGetTensorImpl(), k);
-  }
-  if (sharded::is_sharded_checkpoint(dir)) {
-    load_owned_shard_weights(dir, owned_state(), masters, [&] { load_model_shards(dir); });
-    return;
   }
   // Each process reads its own elements and masters: agreed, so that one that fails stops all.
   checkpoint_io().load(dir, [&] {

@@ -67,7 +67,7 @@ class WholeTensorShardedDataParallel final : public ShardedDataParallel {
   /// optimizer (and masters) a DDP run of these arguments holds, over zero stand-ins of the
   /// parameters, and writes the files that run writes; the weights are gathered unit by unit.
   /// SHARDED_STATE_DICT: every process writes its weights' shard file and its optimizer's
-  /// archive (`ProcessGroupStrategy::save_owned_shards`). A collective.
+  /// archive (`ProcessGroupStrategy::save_owned_checkpoint`). A collective.
   void save_checkpoint(const std::string& output_dir, const CheckpointParts& parts) override;
   /// Every process reads its shards' elements of model.safetensors and loads the scheduler,
   /// scaler and its random state; rank 0 reads optimizer.pt (and master_weights.pt) and sends
@@ -93,8 +93,8 @@ class WholeTensorShardedDataParallel final : public ShardedDataParallel {
   /// process's views) holding rank `owner`'s tensors (every one for
   /// `OwnedState::kEveryOwner`), named, empty groups kept.
   OptimizerParams owned_by(std::int64_t owner, const std::vector<torch::Tensor>& by_position) const;
-  /// What `ProcessGroupStrategy::save_owned_state` needs.
-  OwnedState owned_state() const;
+  /// What `ProcessGroupStrategy::save_owned_checkpoint` needs.
+  OwnedState owned_state();
 
   std::vector<Entry> entries_;
   std::size_t num_groups_ = 0;
