@@ -136,6 +136,7 @@ set(MANTISSA_CXX_SOURCES
   src/trainer/collectives.cpp
   src/trainer/process_group_strategy.cpp
   src/trainer/owned_shards.cpp
+  src/trainer/param_group_options.cpp
   src/trainer/owned_state.cpp
   src/trainer/data_parallel.cpp
   src/trainer/state_sharded_data_parallel.cpp

@@ -134,7 +134,10 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
   }
   if (!ok) return false;
   const auto resume = std::vector<std::string>{"--resume_from_checkpoint", checkpoint};
-  ok &= all_zero(run("resumed", 2, kSharded + resume));
+  // Another --weight_decay on the command line: the checkpoint's options win (optimizer.pt
+  // holds them), so the run still ends where the uninterrupted one did.
+  ok &= all_zero(
+      run("resumed", 2, kSharded + resume + std::vector<std::string>{"--weight_decay", "0.25"}));
   for (int r = 0; ok && r < 2; ++r) {
     const auto suffix = ".st.rank" + std::to_string(r);
     ok &= same_weights(load_results(l.dir + "/full" + suffix),
@@ -216,7 +219,8 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
                                     "rng_state_0.pth",
                                     "rng_state_1.pth",
                                     "trainer_state.json"};
-  if (!optim.empty()) expected.push_back("optimizer_shards/index.json");
+  expected.push_back(optim.empty() ? "optimizer_shards/param_groups.pt"
+                                    : "optimizer_shards/index.json");
   for (const auto& file : expected) {
     const bool there = mantissa::io::path_exists(checkpoint + "/" + file);
     std::cout << "checkpoint-4/" << file << (there ? " written" : " MISSING") << std::endl;
@@ -236,7 +240,11 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
   const auto resume = [](const std::string& dir) {
     return std::vector<std::string>{"--resume_from_checkpoint", dir};
   };
-  ok &= all_zero(run("resumed", 2, kSharded + resume(checkpoint)));
+  // Another --weight_decay on the command line: the checkpoint's options win, as a
+  // FULL_STATE_DICT resume keeps them, so the run still ends where the uninterrupted one did.
+  ok &= all_zero(run("resumed", 2,
+                     kSharded + resume(checkpoint) +
+                         std::vector<std::string>{"--weight_decay", "0.25"}));
   for (int r = 0; ok && r < 2; ++r) {
     const auto suffix = ".st.rank" + std::to_string(r);
     ok &= same_weights(load_results(l.dir + "/sharded" + suffix),
@@ -470,6 +478,9 @@ int run_check(const std::string& scenario, Launch l) {
     // An optimizer sharded by whole tensors: each rank's optimizer archive, read back by the
     // ranks that own its tensors now.
     ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, {"--optim", "adafactor"});
+  } else if (scenario == "full_sharded_state_dict_adamw_torch_8bit") {
+    // fp32: the quantised moments and their block scales are the state that moves.
+    ok = check_sharded_resume(l, {}, {"--optim", "adamw_torch_8bit"});
   } else if (scenario == "full_sharded_state_dict_muon") {
     const std::vector<std::string> muon{"--optim", "muon"};
     ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, muon);

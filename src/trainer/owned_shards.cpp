@@ -26,6 +26,7 @@
 #include "io/torch_load.h"
 #include "trainer/checkpoint_files.h"
 #include "trainer/owned_archive.h"
+#include "trainer/param_group_options.h"
 #include "trainer/process_group_strategy.h"
 #include "trainer/sharded/shard_files.h"
 
@@ -91,10 +92,9 @@ struct ShardIndex {
 ShardIndex read_index(const std::string& folder) {
   const auto path = io::join_path(folder, kIndexFile);
   TORCH_CHECK_VALUE(io::path_exists(path), "'", path,
-                    "' is missing: the optimizer shards of this checkpoint are not those of an "
-                    "optimizer sharded by whole tensors (adamw_torch_fused's flat shards are "
-                    ".safetensors files without an index); resume it with the optim that saved "
-                    "it");
+                    "' is missing: either these optimizer shards are adamw_torch_fused's flat "
+                    ".safetensors shards (resume them with --optim adamw_torch_fused) or the "
+                    "index of this checkpoint was lost");
   const auto bytes = io::read_file(path, 64 << 20);
   nlohmann::json index;
   try {
@@ -312,7 +312,11 @@ void ProcessGroupStrategy::read_owned_optimizer_shards(const std::string& dir,
       saved_masters = std::make_unique<amp::MasterWeights>(saved.in_order);
       torch::serialize::InputArchive masters_archive;
       if (archive.try_read("masters", masters_archive)) {
-        saved_masters->load(masters_archive);
+        try {
+          saved_masters->load(masters_archive);
+        } catch (const std::exception& e) {
+          TORCH_CHECK_VALUE(false, "'", path, "': its masters do not fit: ", e.what());
+        }
         masters_saved = true;
       }
     }
@@ -323,7 +327,14 @@ void ProcessGroupStrategy::read_owned_optimizer_shards(const std::string& dir,
       torch::serialize::InputArchive saved_state;
       TORCH_CHECK_VALUE(archive.try_read("optimizer", saved_state), "'", path,
                         "' holds no optimizer state (\"optimizer\")");
-      saved_optimizer.optimizer->load(saved_state);
+      try {
+        saved_optimizer.optimizer->load(saved_state);
+      } catch (const std::exception& e) {
+        TORCH_CHECK_VALUE(false, "'", path, "': its optimizer state does not fit: ", e.what());
+      }
+      // The checkpoint's options (betas, eps, weight decay, ...), not the arguments', as a
+      // FULL_STATE_DICT resume restores them; every file holds the same.
+      copy_param_group_options(*saved_optimizer.optimizer, *state.optimizer);
     }
     for (const auto& [name, mine] : tensors) {
       const auto found = stand_ins.find(name);

@@ -18,6 +18,7 @@
 #include "io/filesystem.h"
 #include "io/torch_load.h"
 #include "trainer/owned_archive.h"
+#include "trainer/param_group_options.h"
 #include "trainer/process_group_strategy.h"
 
 namespace mantissa::detail {
@@ -77,12 +78,7 @@ std::string pack_for(const TrainingArguments& args, const OwnedState& state,
       make_trainer_optimizer(args, owned, whole.masters.get(), state.plan.low_precision_update, {});
   move_state(*whole.optimizer.optimizer, *part.optimizer, part.params);
   // The checkpoint's options (which optimizer.pt restored), not the arguments'.
-  auto& part_groups = part.optimizer->param_groups();
-  const auto& whole_groups = whole.optimizer.optimizer->param_groups();
-  TORCH_INTERNAL_ASSERT(part_groups.size() == whole_groups.size());
-  for (std::size_t g = 0; g < part_groups.size(); ++g) {
-    part_groups[g].set_options(whole_groups[g].options().clone());
-  }
+  copy_param_group_options(*whole.optimizer.optimizer, *part.optimizer);
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive saved_state;
   part.optimizer->save(saved_state);

@@ -4,7 +4,9 @@
 // hold now, from whichever files have them, at any number of processes.
 #include <set>
 
+#include "io/atomic_file.h"
 #include "io/filesystem.h"
+#include "trainer/param_group_options.h"
 #include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
 
@@ -59,10 +61,15 @@ void ShardedDataParallel::write_shards(const std::string& folder) const {
       }
     }
   }
-  // The step count is whole on every process: rank 0 writes it.
+  // The step count and the param groups' options are the same on every process: rank 0
+  // writes them.
   if (rank() == 0 && step.defined()) optimizer.push_back({"step", step.reshape({}), {}, 0});
-  sharded::write_shard_file(io::join_path(folder, sharded::kOptimizerShardsFolder), rank(),
-                            world_size(), optimizer);
+  const auto shards = io::join_path(folder, sharded::kOptimizerShardsFolder);
+  sharded::write_shard_file(shards, rank(), world_size(), optimizer);
+  if (rank() == 0) {
+    io::write_file_atomically(io::join_path(shards, sharded::kParamGroupsFile),
+                              param_group_options_bytes(shards_->optimizer()));
+  }
 }
 
 namespace {
@@ -112,7 +119,7 @@ void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only)
   TORCH_CHECK_VALUE(!io::path_exists(io::join_path(folder, "index.json")), "'", folder,
                     "' holds the archives of an optimizer sharded by whole tensors (its "
                     "index.json names which), not the flat pieces of adamw_torch_fused's state: "
-                    "resume it with the optim that saved it");
+                    "resume it with the --optim its index.json names");
   const sharded::ShardFolderSource optimizer(folder);
   const auto names = flat_param_names();
   const auto& buckets = flat_->layout().buckets;
@@ -126,6 +133,16 @@ void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only)
       }
     }
     return;
+  }
+  const auto options_path = io::join_path(folder, sharded::kParamGroupsFile);
+  if (io::path_exists(options_path)) {
+    const auto bytes = io::read_file(options_path, 64 << 20);
+    load_param_group_options(shards_->optimizer(), std::string(bytes.begin(), bytes.end()),
+                             "'" + options_path + "'");
+  } else {
+    TORCH_WARN_ONCE("fsdp: '", folder, "' holds no ", sharded::kParamGroupsFile,
+                    " (a checkpoint saved before mantissa kept the optimizer's options in its "
+                    "shards): this run's betas, eps and weight decay are used");
   }
   const auto step = optimizer.contains("step") ? optimizer.read_whole("step") : at::Tensor();
   for (std::size_t b = 0; b < buckets.size(); ++b) {

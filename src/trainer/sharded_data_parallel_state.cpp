@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "io/filesystem.h"
+#include "trainer/param_group_options.h"
 #include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
 
@@ -233,6 +234,11 @@ void ShardedDataParallel::load_full_checkpoint(const std::string& dir,
         detail::load_checkpoint(dir, here);
       },
       /*whose_error=*/"rank 0's");
+  // The options optimizer.pt restored on rank 0 (betas, eps, weight decay), on every process.
+  const auto options = collectives().broadcast_bytes(
+      rank() == 0 ? param_group_options_bytes(*whole.optimizer.optimizer) : std::string());
+  load_param_group_options(shards_->optimizer(), options,
+                           "'" + io::join_path(dir, "optimizer.pt") + "'");
   sharded::FullOptimizerState state;
   if (rank() == 0) {
     const auto tensors = optimized_tensors(whole, params);

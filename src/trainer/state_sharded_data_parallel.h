@@ -21,7 +21,9 @@ namespace mantissa::detail {
 
 /// Data parallel with the optimizer state sharded by whole tensors. Checkpoints hold the whole
 /// state (FULL_STATE_DICT), put together on rank 0 in the files a DDP run writes, so a single
-/// process and a DDP run resume them, and this strategy resumes theirs at any world size.
+/// process and a DDP run resume them, and this strategy resumes theirs at any world size; or
+/// with SHARDED_STATE_DICT each process's own files (its weights, its optimizer's archive),
+/// which this strategy and `WholeTensorShardedDataParallel` resume at any world size.
 /// Python: `ZeroRedundancyOptimizer` over DDP; the distributed Muon step that orthogonalises
 /// each rank's share of the matrices and gathers the updates.
 class StateShardedDataParallel final : public DataParallel {

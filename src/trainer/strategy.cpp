@@ -4,6 +4,7 @@
 #include <mantissa/optim/optimizer_registry.h>
 
 #include "trainer/data_parallel.h"
+#include "trainer/param_group_options.h"
 #include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
 #include "trainer/single_process.h"
@@ -83,20 +84,16 @@ torch::Tensor Strategy::clip_grad_norm_(const std::vector<torch::Tensor>& params
 OptimizerSetup data_parallel_optimizer(const TrainingArguments& args, const PrecisionPlan& plan,
                                        const std::vector<torch::Tensor>& params,
                                        const OptimizerParams& groups,
-                                       const torch::optim::Optimizer& learning_rates_of) {
+                                       const torch::optim::Optimizer& options_of) {
   OptimizerSetup whole;
   if (plan.weights == WeightsMode::kFp32Masters) {
     whole.masters = std::make_unique<amp::MasterWeights>(params);
   }
   whole.optimizer = make_trainer_optimizer(args, groups, whole.masters.get(),
                                            plan.low_precision_update, /*factory=*/{});
-  const auto lrs = learning_rates(learning_rates_of);
-  TORCH_INTERNAL_ASSERT(whole.optimizer.optimizer->param_groups().size() == lrs.size(),
-                        "the whole optimizer has ",
-                        whole.optimizer.optimizer->param_groups().size(),
-                        " param groups, this process's ", lrs.size());
-  // The learning rates the schedule has set (the other options are the arguments').
-  set_learning_rates(*whole.optimizer.optimizer, lrs);
+  // The options the run trains with: the learning rates the schedule has set, the others the
+  // arguments' or, after a resume, the checkpoint's.
+  copy_param_group_options(options_of, *whole.optimizer.optimizer);
   return whole;
 }
 

@@ -55,13 +55,13 @@ struct OptimizerSetup {
 /// The optimizer (and fp32 masters, when `plan` asks for them) a data-parallel run of `args`
 /// holds: the masters over `params` (the module's parameters in its order, or stand-ins of
 /// them), the optimizer over `groups` (HF's weight-decay groups of those tensors), each group's
-/// learning rate taken from `learning_rates_of` (a sharded process's optimizer, which the
-/// schedule has driven). What a sharded run's whole-state checkpoints are written from and
-/// read into. No sync.
+/// options (the learning rate the schedule has set, betas, eps, weight decay) taken from
+/// `options_of` (a sharded process's optimizer of the same kind and groups). What a sharded
+/// run's whole-state checkpoints are written from and read into. No sync.
 OptimizerSetup data_parallel_optimizer(const TrainingArguments& args, const PrecisionPlan& plan,
                                        const std::vector<torch::Tensor>& params,
                                        const OptimizerParams& groups,
-                                       const torch::optim::Optimizer& learning_rates_of);
+                                       const torch::optim::Optimizer& options_of);
 
 /// What a forward pass is run for, as `Strategy::forward_context` is told.
 struct ForwardPass {

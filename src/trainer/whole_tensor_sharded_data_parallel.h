@@ -26,8 +26,9 @@ namespace mantissa::detail {
 /// writes, put together on rank 0 as under `StateShardedDataParallel`, so a single process, a
 /// DDP run and the sharded strategies resume them at any world size, and this one resumes
 /// theirs; or with SHARDED_STATE_DICT each process's own files (its weights, its optimizer's
-/// archive), which this strategy and `StateShardedDataParallel` resume at any world size. Python: FSDP2's `fully_shard` with a distributed Muon that orthogonalises each
-/// rank's share of the matrices, DeepSpeed ZeRO-3 with whole-tensor partitions.
+/// archive), which this strategy and `StateShardedDataParallel` resume at any world size.
+/// Python: FSDP2's `fully_shard` with a distributed Muon that orthogonalises each rank's share
+/// of the matrices, DeepSpeed ZeRO-3 with whole-tensor partitions.
 class WholeTensorShardedDataParallel final : public ShardedDataParallel {
  public:
   /// A strategy over the job `collectives` joined, `settings` asking for full sharding.

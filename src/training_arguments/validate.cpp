@@ -420,8 +420,9 @@ void check_fsdp(const TrainingArguments& args) {
                     "bf16_full_eval or fp16_full_eval would replace; evaluate under autocast "
                     "instead (--bf16 or --fp16 without full_eval)");
   TORCH_CHECK_VALUE(!args.save_on_each_node(), mode,
-                    " puts the optimizer state together on rank 0 to save it, so only rank 0 "
-                    "can write checkpoints; save_on_each_node must be false");
+                    " writes one checkpoint for the whole job (put together on rank 0, or each "
+                    "process's shards in one folder), which a copy per node would not hold; "
+                    "save_on_each_node must be false");
   TORCH_CHECK_VALUE(!args.cuda_graph(), mode,
                     " reduces gradients from autograd hooks, which a CUDA graph cannot replay; "
                     "cuda_graph must be false");

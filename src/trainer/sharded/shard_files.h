@@ -5,6 +5,7 @@
 //   checkpoint-<step>/
 //     model_shards/shard-<rank>-of-<world>.safetensors      this rank's pieces of the weights
 //     optimizer_shards/shard-<rank>-of-<world>.safetensors  its pieces of the optimizer state
+//     optimizer_shards/param_groups.pt                      the param groups' options (rank 0)
 //
 // Each tensor in a shard file is one contiguous run of elements of a flattened tensor: of the
 // model's state ("fc1.weight") or of the optimizer's ("fc1.weight.exp_avg", "fc1.weight.master",
@@ -32,6 +33,9 @@ namespace mantissa::detail::sharded {
 /// The folders of a sharded checkpoint.
 inline constexpr const char* kModelShardsFolder = "model_shards";
 inline constexpr const char* kOptimizerShardsFolder = "optimizer_shards";
+/// The optimizer's param group options (betas, eps, weight decay, ...) in optimizer_shards/: a
+/// LibTorch archive of `param_group_options_bytes`, written by rank 0.
+inline constexpr const char* kParamGroupsFile = "param_groups.pt";
 
 /// "shard-00001-of-00002.safetensors" for rank 1 of 2.
 std::string shard_file_name(std::int64_t rank, std::int64_t world_size);
