@@ -224,11 +224,12 @@ void ShardedDataParallel::setup_optimizer(OptimizerSetup& built, const Precision
                                           amp::GradScaler& scaler) {
   TORCH_INTERNAL_ASSERT(flat_ != nullptr, "ShardedDataParallel: optimizer_params was not called");
   auto fused = std::dynamic_pointer_cast<optim::FusedAdamW>(built.optimizer.optimizer);
+  const auto& built_optimizer = *built.optimizer.optimizer;
   TORCH_CHECK_VALUE(fused != nullptr,
                     "fsdp shards the state of mantissa's FusedAdamW (optim adamw_torch_fused), "
                     "over each process's flat shards of the parameters; the optimizer built "
                     "for this run is ",
-                    c10::demangle(typeid(*built.optimizer.optimizer).name()),
+                    c10::demangle(typeid(built_optimizer).name()),
                     ", whose state fsdp cannot shard");
   plan_ = plan;
   // Full sharding: two buckets' inputs in flight at most (a whole gradient otherwise).
