@@ -191,7 +191,8 @@ bool check_resume(const Launch& l, const std::vector<std::string>& precision) {
 /// its flags for an optimizer sharded by whole tensors (its optimizer files are one LibTorch
 /// archive per rank and an index), empty for FusedAdamW (flat pieces in safetensors).
 bool check_sharded_resume(const Launch& l, const std::vector<std::string>& precision,
-                          const std::vector<std::string>& optim = {}) {
+                          const std::vector<std::string>& optim = {},
+                          const std::vector<std::string>& other_sharding = {}) {
   const std::vector<std::string> sharded_files{"--fsdp_config",
                                                R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
   const std::string optimizer_file_type = optim.empty() ? ".safetensors" : ".pt";
@@ -251,6 +252,14 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
                        load_results(l.dir + "/resumed" + suffix), 0, 0,
                        "uninterrupted vs resumed from the shards, rank " + std::to_string(r) +
                            " (bitwise)");
+  }
+  if (ok && !other_sharding.empty()) {
+    // The other whole-tensor strategy reads the same files: it ends where this one does.
+    ok &= all_zero(run("other-sharding", 2, other_sharding + resume(checkpoint)));
+    ok &= ok && same_weights(load_results(l.dir + "/sharded.st.rank0"),
+                             load_results(l.dir + "/other-sharding.st.rank0"), 0, 0,
+                             "uninterrupted vs resumed under " + other_sharding.back() +
+                                 " (bitwise)");
   }
   ok &= all_zero(run("resumed-3", 3, kSharded + resume(checkpoint)));
   ok &= contains(read_text(l.dir + "/resumed-3.rank0.log"),
@@ -483,7 +492,7 @@ int run_check(const std::string& scenario, Launch l) {
     ok = check_sharded_resume(l, {}, {"--optim", "adamw_torch_8bit"});
   } else if (scenario == "full_sharded_state_dict_muon") {
     const std::vector<std::string> muon{"--optim", "muon"};
-    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, muon);
+    ok = check_sharded_resume(l, {"--model_dtype", "bf16", "--bf16"}, muon, kGradOp.flags);
     // The best checkpoint's shards loaded back at the end, the masters from the archives.
     kSharded = kFull.flags + std::vector<std::string>{
                                  "--fsdp_config", R"({"state_dict_type": "SHARDED_STATE_DICT"})"};
