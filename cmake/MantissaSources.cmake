@@ -94,6 +94,7 @@ set(MANTISSA_CXX_SOURCES
   src/io/filesystem.cpp
   src/io/torch_save.cpp
   src/io/torch_load.cpp
+  src/io/archive_file.cpp
   src/io/pickle_scan.cpp
   src/io/zip_directory.cpp
   src/io/json_reader.cpp

@@ -14,6 +14,7 @@
 #include <mantissa/nn/pretrained_config.h>
 #include "io/filesystem.h"
 
+#include "io/archive_file.h"
 #include "io/atomic_file.h"
 #include "io/torch_load.h"
 #include "io/torch_save.h"
@@ -106,9 +107,7 @@ template <typename Saves>
 void save_archive(const std::string& path, const Saves& object) {
   torch::serialize::OutputArchive archive;
   object.save(archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  io::write_file_atomically(path, bytes.str());
+  io::save_torch_archive(path, archive);
 }
 
 SavedState optimizer_piece(torch::optim::Optimizer& optimizer) {

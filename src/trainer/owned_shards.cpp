@@ -24,6 +24,7 @@
 #include "io/filesystem.h"
 #include "io/json_reader.h"
 #include "io/torch_load.h"
+#include "io/archive_file.h"
 #include "trainer/checkpoint_files.h"
 #include "trainer/owned_archive.h"
 #include "trainer/param_group_options.h"
@@ -174,9 +175,8 @@ void ProcessGroupStrategy::save_owned_shards(const std::string& output_dir,
         auto archive = own_state_archive(*state.optimizer, parts.masters);
         const auto own = state.owned_by(rank(), state.own_params());
         archive.write("tensors", c10::IValue(names_of(own).dump()));
-        io::write_file_atomically(
-            io::join_path(shards, optimizer_shard_name(rank(), world_size())),
-            archive_bytes(archive));
+        io::save_torch_archive(io::join_path(shards, optimizer_shard_name(rank(), world_size())),
+                               archive);
         if (rank() != 0) return;
         // Where each tensor's state lies, known to every process from the layout: written once.
         nlohmann::json file_of = nlohmann::json::object();
