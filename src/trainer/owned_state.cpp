@@ -121,7 +121,7 @@ void ProcessGroupStrategy::save_owned_state(const std::string& output_dir,
   TORCH_CHECK(packed, "rank ", rank(), ": saving ", checkpoint_name(parts.state->global_step),
               " failed while a process packed its share of the optimizer state (see its error)");
   auto shares = collectives().gather_bytes(mine);  // rank 0: one per owner
-  mine.clear();
+  std::string().swap(mine);  // its memory too, not only its length
   OptimizerSetup whole;
   const bool built = passed_everywhere([&] {
     if (rank() != 0) return;
@@ -130,9 +130,10 @@ void ProcessGroupStrategy::save_owned_state(const std::string& output_dir,
     for (std::int64_t owner = 0; owner < world_size(); ++owner) {
       auto& share = shares[static_cast<std::size_t>(owner)];
       unpack_into_whole(args(), state, state.owned_by(owner, params), share, whole);
-      share.clear();
+      std::string().swap(share);
     }
   });
+  shares = {};  // the packed shares live on in `whole` alone while it is written
   TORCH_CHECK(built, "rank ", rank(), ": saving ", checkpoint_name(parts.state->global_step),
               " failed while rank 0 put the optimizer state together (see its error)");
   CheckpointParts unsharded = parts;
