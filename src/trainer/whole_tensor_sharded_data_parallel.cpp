@@ -136,19 +136,14 @@ void WholeTensorShardedDataParallel::finish_gradients() {
   grads_->finish_backward();
   at::NoGradGuard no_grad;
   const auto& layout = flat_->layout();
-  std::vector<bool> averaged(layout.buckets.size(), false);
   for (const auto& e : entries_) {
     if (e.owner != rank()) continue;
     const auto [b, s] = layout.where.at(e.flat);
-    auto summed = grads_->summed_shard(b);
-    if (!averaged[b]) {
-      summed.div_(static_cast<double>(world_size()));  // the reduce-scatter sums
-      averaged[b] = true;
-    }
+    const auto averaged = grads_->averaged_shard(b);
     const auto& bucket = layout.buckets[b];
     const auto& slot = bucket.slots[s];
     views_[e.position].mutable_grad() =
-        summed.narrow(0, slot.offset - bucket.shard_begin(rank()), slot.numel)
+        averaged.narrow(0, slot.offset - bucket.shard_begin(rank()), slot.numel)
             .view(flat_->shape(e.flat))
             .detach();  // no autograd view: zero_grad detaches gradients in place
   }

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -84,11 +85,15 @@ void GradientReduceScatter::launch(std::size_t b) {
   const auto& bucket = flat_.layout().buckets[b];
   at::NoGradGuard no_grad;
   auto flat = at::zeros({bucket.padded_numel}, shards_[b].options());
+  const auto inverse_world_size =
+      at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(flat_.world_size()));
   for (const auto& slot : bucket.slots) {
     auto& p = flat_.params()[slot.param];
     auto& grad = p.mutable_grad();
     if (!grad.defined()) continue;  // no gradient this step: zeros, as DDP reduces it
-    flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape({-1}));
+    // Divided while copied, by the op and the scalar DDP's Reducer uses.
+    auto into = flat.narrow(0, slot.offset, slot.numel);
+    at::mul_out(into, grad.reshape({-1}), inverse_world_size);
     grad.reset();  // the whole gradient is freed: only the shard stays (ZeRO-2)
   }
   c10d::ReduceScatterOptions options;

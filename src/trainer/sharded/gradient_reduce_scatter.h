@@ -1,9 +1,9 @@
 #pragma once
 // ZeRO-2's gradient path: as backward finishes each parameter's gradient, a hook notes it; when
-// every gradient of a bucket is there, they are copied into one flat buffer, the parameters'
-// own gradients are released, and the buffer is reduce-scattered (c10d's
-// `_reduce_scatter_base`), so that each rank receives the sum over ranks of its shard only,
-// while backward goes on computing the other buckets.
+// every gradient of a bucket is there, they are copied into one flat buffer (each divided by the
+// world size on the way, as DDP's Reducer divides), the parameters' own gradients are released,
+// and the buffer is reduce-scattered (c10d's `_reduce_scatter_base`), so that each rank receives
+// the average over ranks of its shard only, while backward goes on computing the other buckets.
 
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +25,10 @@ namespace mantissa::detail::sharded {
 /// micro-batch that does not sync (inside an accumulation group) leaves the gradients on the
 /// parameters, where autograd accumulates them; the synced one reduces the accumulated sum.
 /// Gloo's `_reduce_scatter_base` is an allreduce inside and ignores the reduce op, so the sum
-/// (never AVG) is asked for and the caller divides by the world size.
+/// (never AVG) is asked for, of gradients already multiplied by 1/world_size as c10d's Reducer
+/// multiplies them (`at::mul_out` by a wrapped scalar) before its allreduce: the average has
+/// DDP's rounding at every world size, also where 1/N is inexact (3 ranks) and where the sum of
+/// two fp16 gradients would overflow but their halves do not.
 class GradientReduceScatter {
  public:
   /// Installs one post-accumulate-grad hook on each parameter of `flat` that requires a
@@ -50,15 +53,14 @@ class GradientReduceScatter {
 
   /// After a synced backward: launches the buckets the hooks did not (a parameter that got no
   /// gradient counts as zero), then waits for every reduce-scatter. Afterwards
-  /// `summed_shard(b)` holds this rank's shard of bucket `b` summed over the ranks, and the
+  /// `averaged_shard(b)` holds this rank's shard of bucket `b` averaged over the ranks, and the
   /// parameters hold no gradient. A collective on every rank; does nothing after a backward
   /// that did not sync. Rethrows the collective's error (a peer that died or timed out).
   void finish_backward();
 
-  /// This rank's shard of bucket `b`'s gradient, summed over the ranks (not yet divided by the
-  /// world size), in the bucket's dtype. Valid after `finish_backward()`.
-  /// The handle shares the storage: in-place changes (the division) are the shard's.
-  at::Tensor summed_shard(std::size_t b) const { return shards_.at(b); }
+  /// This rank's shard of bucket `b`'s gradient, averaged over the ranks (DDP's gradient), in
+  /// the bucket's dtype. Valid after `finish_backward()`. The handle shares the storage.
+  at::Tensor averaged_shard(std::size_t b) const { return shards_.at(b); }
 
   /// How many buckets the last synced backward launched from its hooks (overlapped with the
   /// rest of backward) rather than in `finish_backward()`.

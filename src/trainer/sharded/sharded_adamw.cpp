@@ -71,17 +71,15 @@ ShardedAdamW::ShardedAdamW(FlatParameters& flat, GradientReduceScatter& grads,
 }
 
 void ShardedAdamW::prepare_grads() {
-  const auto world = static_cast<double>(flat_.world_size());
   at::NoGradGuard no_grad;
   for (std::size_t b = 0; b < shard_params_.size(); ++b) {
-    auto summed = grads_.summed_shard(b);
+    auto averaged = grads_.averaged_shard(b);
     if (has_master_[b]) {
-      master_grads_[b].copy_(summed).div_(world);
+      master_grads_[b].copy_(averaged);
       shard_params_[b].mutable_grad() = master_grads_[b];
     } else {
-      // In place: the reduced shard is this rank's gradient storage (the ZeRO-2 1/N).
-      summed.div_(world);
-      shard_params_[b].mutable_grad() = summed;
+      // The reduced shard is this rank's gradient storage (the ZeRO-2 1/N).
+      shard_params_[b].mutable_grad() = averaged;
     }
   }
 }
