@@ -654,6 +654,13 @@ int run_check(const std::string& scenario, Launch l) {
     ok &= contains(read_text(l.dir + "/fsdp.rank1.log"), "of state (", "rank 1's state line") &&
           contains(read_text(l.dir + "/fsdp.rank1.log"), "on rank 1", "rank 1's state line");
     ok &= check_against_ddp(l, optim + bf16_masters, 0, 0, /*compare_eval=*/false);
+    // Two micro-batches a step (the first under no_sync) and a norm that clips: DDP's bits.
+    ok &= check_against_ddp(l,
+                            optim + std::vector<std::string>{"--gradient_accumulation_steps", "2",
+                                                             "--learning_rate", "1e-3",
+                                                             "--max_steps", "20",
+                                                             "--per_device_train_batch_size", "4"},
+                            0, 0, false, /*must_clip=*/true);
     if (name == "adafactor" || name == "muon") {
       // Pure bf16: the default rule is Kahan summation, its buffers owned with the tensors;
       // stochastic rounding keys its draws by each tensor's place in the whole optimizer, so
