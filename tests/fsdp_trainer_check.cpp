@@ -661,6 +661,9 @@ int run_check(const std::string& scenario, Launch l) {
                                                              "--max_steps", "20",
                                                              "--per_device_train_batch_size", "4"},
                             0, 0, false, /*must_clip=*/true);
+    // A frozen matrix: no rank steps it, every rank keeps it whole, as DDP leaves it.
+    ok &= check_against_ddp(l, optim + std::vector<std::string>{"--freeze", "fc2.weight"}, 0, 0,
+                            false);
     if (name == "adafactor" || name == "muon") {
       // Pure bf16: the default rule is Kahan summation, its buffers owned with the tensors;
       // stochastic rounding keys its draws by each tensor's place in the whole optimizer, so

@@ -58,6 +58,7 @@ struct WorkerOptions {
   std::int64_t middle = 0;
   std::int64_t blocks = 0;
   bool declare_blocks = true;
+  std::string freeze;  ///< a parameter's name: requires_grad false from the start
   double dropout = 0.0;
   std::string model_dtype = "fp32";
   std::int64_t eval = 0;
@@ -172,6 +173,11 @@ int run_worker(const WorkerOptions& o, const TrainingArguments& args) {
   torch::manual_seed(1 + static_cast<std::uint64_t>(env.rank));
   Mlp model(o.hidden, o.dropout, o.middle, o.blocks);
   if (!o.declare_blocks) model->declared.clear();
+  if (!o.freeze.empty()) {
+    const auto found = model->named_parameters().find(o.freeze);
+    if (found == nullptr) throw std::invalid_argument("--freeze: no parameter " + o.freeze);
+    found->requires_grad_(false);
+  }
   if (!init.empty()) {
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) item.value().copy_(init.at(item.key()));
@@ -505,6 +511,7 @@ inline int trainer_check_main(int argc, char** argv,
       o.middle = std::stoll(value_of(rest, "--middle", "0"));
       o.blocks = std::stoll(value_of(rest, "--blocks", "0"));
       o.declare_blocks = value_of(rest, "--declare_blocks", "true") == "true";
+      o.freeze = value_of(rest, "--freeze", "");
       o.dropout = std::stod(value_of(rest, "--dropout", "0"));
       o.model_dtype = value_of(rest, "--model_dtype", "fp32");
       o.eval = std::stoll(value_of(rest, "--eval", "0"));
