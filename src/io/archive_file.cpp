@@ -1,6 +1,7 @@
 #include "io/archive_file.h"
 
 #include <exception>
+#include <sstream>
 #include <string_view>
 
 #include "io/atomic_file.h"
@@ -25,6 +26,12 @@ void save_torch_archive(const std::string& path, torch::serialize::OutputArchive
     });
     if (failure) std::rethrow_exception(failure);
   });
+}
+
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
 }
 
 }  // namespace mantissa::io

@@ -16,4 +16,8 @@ namespace mantissa::io {
 /// device tensors to the host one at a time; no other sync.
 void save_torch_archive(const std::string& path, torch::serialize::OutputArchive& archive);
 
+/// The bytes `archive.save_to` writes, in memory: for an archive that travels between processes
+/// or is read back at once rather than written to a file. Python: `torch.save(obj, io.BytesIO())`.
+std::string archive_bytes(torch::serialize::OutputArchive& archive);
+
 }  // namespace mantissa::io

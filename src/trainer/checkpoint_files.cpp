@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include <ATen/Context.h>

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -12,6 +11,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include <mantissa/optim/optimizer_registry.h>
+
+#include "io/archive_file.h"
 
 namespace mantissa::detail {
 namespace {
@@ -48,9 +49,7 @@ std::vector<std::string> live_option_names(torch::optim::Optimizer& optimizer) {
   if (optimizer.param_groups().empty()) return {};
   torch::serialize::OutputArchive out;
   optimizer.param_groups().front().options().serialize(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  const auto text = bytes.str();
+  const auto text = io::archive_bytes(out);
   torch::serialize::InputArchive in;
   in.load_from(text.data(), text.size());
   auto keys = in.keys();

@@ -3,8 +3,6 @@
 // archive: what travels to rank 0 for a FULL_STATE_DICT checkpoint (owned_state.cpp) and what
 // each process writes for a SHARDED_STATE_DICT one (owned_shards.cpp).
 
-#include <string>
-
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
 
@@ -17,8 +15,5 @@ namespace mantissa::detail {
 /// archive is serialized.
 torch::serialize::OutputArchive own_state_archive(const torch::optim::Optimizer& optimizer,
                                                   const amp::MasterWeights* masters);
-
-/// The bytes `archive.save_to` writes.
-std::string archive_bytes(torch::serialize::OutputArchive& archive);
 
 }  // namespace mantissa::detail

@@ -20,11 +20,11 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "io/archive_file.h"
 #include "io/atomic_file.h"
 #include "io/filesystem.h"
 #include "io/json_reader.h"
 #include "io/torch_load.h"
-#include "io/archive_file.h"
 #include "trainer/checkpoint_files.h"
 #include "trainer/owned_archive.h"
 #include "trainer/param_group_options.h"

@@ -6,7 +6,6 @@
 // of its own optimizer (as its `save` writes it) and of its masters; rank 0 builds the same
 // optimizer over that process's tensors to read or write it, so any optimizer whose state is
 // per tensor travels without code of its own.
-#include <sstream>
 #include <unordered_map>
 
 #include <torch/serialize/input-archive.h>
@@ -15,6 +14,7 @@
 #include <mantissa/amp/autocast.h>
 #include <mantissa/optim/low_precision_update.h>
 
+#include "io/archive_file.h"
 #include "io/filesystem.h"
 #include "io/torch_load.h"
 #include "trainer/owned_archive.h"
@@ -25,7 +25,6 @@ namespace mantissa::detail {
 namespace {
 
 using OwnedState = ProcessGroupStrategy::OwnedState;
-
 
 // Moves the state of each of `tensors` from `from` to `to` (the state is keyed by the tensor).
 void move_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to,
@@ -89,7 +88,7 @@ std::string pack_for(const TrainingArguments& args, const OwnedState& state,
     whole.masters->save(saved_masters, owned.in_order);
     archive.write("masters", saved_masters);
   }
-  return archive_bytes(archive);
+  return io::archive_bytes(archive);
 }
 
 // Loads bytes `pack_for` made into this process's optimizer and masters.
@@ -116,7 +115,7 @@ void ProcessGroupStrategy::save_owned_state(const std::string& output_dir,
   const bool packed =
       passed_everywhere([&] {
         auto archive = own_state_archive(*state.optimizer, parts.masters);
-        mine = archive_bytes(archive);
+        mine = io::archive_bytes(archive);
       });
   TORCH_CHECK(packed, "rank ", rank(), ": saving ", checkpoint_name(parts.state->global_step),
               " failed while a process packed its share of the optimizer state (see its error)");
@@ -269,12 +268,6 @@ torch::serialize::OutputArchive own_state_archive(const torch::optim::Optimizer&
     archive.write("masters", saved_masters);
   }
   return archive;
-}
-
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
 }
 
 }  // namespace mantissa::detail

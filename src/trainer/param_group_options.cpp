@@ -6,7 +6,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "trainer/owned_archive.h"
+#include "io/archive_file.h"
 
 namespace mantissa::detail {
 namespace {
@@ -24,7 +24,7 @@ std::string param_group_options_bytes(const torch::optim::Optimizer& optimizer) 
     groups[g].options().serialize(options);
     archive.write(group_key(g), options);
   }
-  return archive_bytes(archive);
+  return io::archive_bytes(archive);
 }
 
 void load_param_group_options(torch::optim::Optimizer& optimizer, const std::string& bytes,
