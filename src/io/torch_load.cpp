@@ -246,17 +246,24 @@ c10::IValue load_torch_file(const std::string& path) { return load_torch_bytes(r
 void load_torch_archive(const std::string& path, torch::serialize::InputArchive& archive,
                         std::optional<c10::Device> device) {
   auto file = std::make_shared<FileReader>(path);
-  {
-    const std::string what = "'" + path + "'";
+  const std::string what = "'" + path + "'";
+  try {
     check_zip_record_sizes(
         [&file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
         file->size(), what);
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<FileAdapter>(file));
     check_pickles_are_bounded(reader, what);
+    archive.load_from(
+        [file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
+        [file] { return static_cast<std::size_t>(file->size()); }, device);
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    // LibTorch's zip reader does not say which file it was reading.
+    const std::string message = e.what_without_backtrace();
+    if (message.find(what) != std::string::npos) throw;
+    TORCH_CHECK(false, what, ": ", message);
   }
-  archive.load_from(
-      [file](std::uint64_t pos, void* buf, std::size_t n) { return file->read(pos, buf, n); },
-      [file] { return static_cast<std::size_t>(file->size()); }, device);
   for (const auto& key : archive.keys()) {
     c10::IValue value;
     archive.read(key, value);
