@@ -10,6 +10,8 @@
 // of `run_check` below (and tests/CMakeLists.txt's list).
 #include "trainer_check_common.h"
 
+#include "io/atomic_file.h"
+
 #include <mantissa/optim/fused_adamw.h>
 
 namespace {
@@ -291,6 +293,20 @@ bool check_sharded_resume(const Launch& l, const std::vector<std::string>& preci
   }
   ok &= mantissa::io::path_exists(checkpoint + "/model_shards/shard-00001-of-00002.safetensors");
   ok &= mantissa::io::path_exists(checkpoint + "/trainer_state.json");
+  if (optim.empty()) {
+    // The options file cut short: every rank stops naming it, read by the bounds-checked reader.
+    ok &= std::rename((lost + ".aside").c_str(), lost.c_str()) == 0;
+    const auto options = checkpoint + "/optimizer_shards/param_groups.pt";
+    const auto bytes = mantissa::io::read_file(options);
+    mantissa::io::write_file_atomically(options,
+                                        std::string_view(bytes.data(), bytes.size() / 2));
+    status = run("cut-options", 2, kSharded + resume(checkpoint));
+    ok &= status[0] != 0 && status[1] != 0 && status[0] != -1 && status[1] != -1;
+    for (int r = 0; r < 2; ++r) {
+      ok &= contains(read_text(l.dir + "/cut-options.rank" + std::to_string(r) + ".log"),
+                     "param_groups.pt", "the cut options file's error");
+    }
+  }
   return ok;
 }
 

@@ -36,6 +36,11 @@ void load_param_group_options(torch::optim::Optimizer& optimizer, const std::str
     TORCH_CHECK_VALUE(false, origin, ": the optimizer's param group options are unreadable: ",
                       e.what());
   }
+  load_param_group_options(optimizer, archive, origin);
+}
+
+void load_param_group_options(torch::optim::Optimizer& optimizer,
+                              torch::serialize::InputArchive& archive, const std::string& origin) {
   auto& groups = optimizer.param_groups();
   c10::IValue count;
   TORCH_CHECK_VALUE(archive.try_read("num_groups", count) && count.isInt() &&

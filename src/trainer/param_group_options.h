@@ -6,6 +6,7 @@
 #include <string>
 
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
 
 namespace mantissa::detail {
 
@@ -16,9 +17,14 @@ std::string param_group_options_bytes(const torch::optim::Optimizer& optimizer);
 
 /// Sets each param group's options of `optimizer` from `param_group_options_bytes` of an
 /// optimizer of the same kind with as many groups; `origin` (a file, a rank) is named in the
-/// errors. Python: the options half of `load_state_dict`. No sync.
+/// errors. Python: the options half of `load_state_dict`. No sync. For bytes this run made
+/// (another rank's); a file goes through `io::load_torch_archive` and the overload below.
 void load_param_group_options(torch::optim::Optimizer& optimizer, const std::string& bytes,
                               const std::string& origin);
+/// The same from an archive already read (a file, through the bounds-checked
+/// `io::load_torch_archive`).
+void load_param_group_options(torch::optim::Optimizer& optimizer,
+                              torch::serialize::InputArchive& archive, const std::string& origin);
 
 /// Copies each param group's options of `from` into the same group of `to`, an optimizer of the
 /// same kind with as many groups. No sync.

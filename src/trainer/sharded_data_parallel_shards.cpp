@@ -6,6 +6,7 @@
 
 #include "io/atomic_file.h"
 #include "io/filesystem.h"
+#include "io/torch_load.h"
 #include "trainer/param_group_options.h"
 #include "trainer/sharded/shard_files.h"
 #include "trainer/sharded_data_parallel.h"
@@ -136,9 +137,10 @@ void ShardedDataParallel::load_shards(const std::string& dir, bool weights_only)
   }
   const auto options_path = io::join_path(folder, sharded::kParamGroupsFile);
   if (io::path_exists(options_path)) {
-    const auto bytes = io::read_file(options_path, 64 << 20);
-    load_param_group_options(shards_->optimizer(), std::string(bytes.begin(), bytes.end()),
-                             "'" + options_path + "'");
+    // Through the bounds-checked reader: the file is as hostile as any in the checkpoint.
+    torch::serialize::InputArchive saved;
+    io::load_torch_archive(options_path, saved, torch::kCPU);
+    load_param_group_options(shards_->optimizer(), saved, "'" + options_path + "'");
   } else {
     TORCH_WARN_ONCE("fsdp: '", folder, "' holds no ", sharded::kParamGroupsFile,
                     " (a checkpoint saved before mantissa kept the optimizer's options in its "
